@@ -1,0 +1,1 @@
+"""Layer 2: the only code that rounds and clamps tensor elements."""

@@ -1,0 +1,23 @@
+"""quanta's AIMET-compatible quantization API: ``import quanta.quantization as Q``.
+
+>>> import torch
+>>> import quanta.quantization as Q
+>>> q = Q.affine.QuantizeDequantize(shape=(), bitwidth=8, symmetric=True)
+>>> with q.compute_encodings():
+...     _ = q(torch.tensor([-1.0, 0.5, 1.0]))
+>>> q(torch.tensor([0.3]))
+DequantizedTensor([0.2992], grad_fn=<AliasBackward0>)
+"""
+
+from quanta.quantization import affine, encoding_analyzer
+from quanta.quantization.base import QuantizerBase
+from quanta.tensors.quantized import DequantizedTensor, QuantizedTensor, QuantizedTensorBase
+
+__all__ = [
+    "affine",
+    "encoding_analyzer",
+    "QuantizerBase",
+    "QuantizedTensorBase",
+    "QuantizedTensor",
+    "DequantizedTensor",
+]

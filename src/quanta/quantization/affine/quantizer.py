@@ -1,0 +1,308 @@
+"""Affine quantizer modules: :class:`Quantize` and :class:`QuantizeDequantize`.
+
+They keep a learnable range (``min``, ``max`` parameters of shape ``shape``) and
+derive scale and offset from it on every call (:mod:`quanta.kernels.qparams`),
+so gradients from a QAT loss move the range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from quanta.encodings.affine import AffineEncoding
+from quanta.grids.affine import IntegerGrid, MAX_BITWIDTH, resolve_grid
+from quanta.kernels import affine as kernels
+from quanta.kernels.blocks import check_block_size, resolve_layout
+from quanta.kernels.qparams import (
+    calibrated_range,
+    offset_from_range,
+    range_from_scale_offset,
+    scale_from_range,
+)
+from quanta.quantization.base import QuantizerBase
+from quanta.quantization.encoding_analyzer import (
+    EncodingAnalyzer,
+    MinMaxEncodingAnalyzer,
+    StatisticsNotFoundError,
+    _check_shape,
+)
+from quanta.tensors.quantized import DequantizedTensor, QuantizedTensor, QuantizedTensorBase
+
+__all__ = ["AffineQuantizerBase", "Quantize", "QuantizeDequantize"]
+
+
+class AffineQuantizerBase(QuantizerBase):
+    """Common state of the affine quantizers.
+
+    Args:
+        shape: shape of ``min``/``max`` (and of scale and offset): ``()`` per
+            tensor, ``(C, 1)`` per output channel of a weight, ``(C, K // B)``
+            with ``block_size=(-1, B)`` per block.
+        bitwidth: bits per code. With ``symmetric=True`` the grid is signed
+            ``[-2**(b-1), 2**(b-1) - 1]``, otherwise unsigned ``[0, 2**b - 1]``.
+        symmetric: symmetric encoding (constant offset ``-round((qmin+qmax)/2)``).
+        encoding_analyzer: statistics used by :meth:`compute_encodings`
+            (default :class:`MinMaxEncodingAnalyzer`).
+        block_size: block size per dimension of ``shape`` (``-1`` = wildcard).
+        qmin, qmax: explicit grid instead of ``bitwidth`` (keyword only).
+    """
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        bitwidth: int | None = None,
+        symmetric: bool = False,
+        encoding_analyzer: EncodingAnalyzer | None = None,
+        block_size: tuple[int, ...] | None = None,
+        *,
+        qmin: int | None = None,
+        qmax: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.shape = _check_shape(shape)
+        if not isinstance(symmetric, bool):
+            raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+        if bitwidth is not None and isinstance(bitwidth, int) and not 1 <= bitwidth <= MAX_BITWIDTH:
+            raise ValueError(
+                f"bitwidth must be in [1, {MAX_BITWIDTH}], got {bitwidth} "
+                "(to give an explicit grid, pass qmin=... and qmax=... by keyword)"
+            )
+        if bitwidth is None and qmin is None and qmax is None:
+            raise TypeError(f"{type(self).__name__} needs bitwidth=..., or qmin=... and qmax=...")
+        self.grid = (
+            resolve_grid(bitwidth, signed=symmetric) if bitwidth is not None else resolve_grid(qmin=qmin, qmax=qmax)
+        )
+        self.symmetric = symmetric
+        self.block_size = check_block_size(block_size)
+        if self.block_size is not None and len(self.block_size) != len(self.shape):
+            raise ValueError(
+                f"block_size {self.block_size} must have one entry per dimension of shape {self.shape}"
+            )
+        if encoding_analyzer is None:
+            encoding_analyzer = MinMaxEncodingAnalyzer(self.shape, self.block_size)
+        elif not isinstance(encoding_analyzer, EncodingAnalyzer):
+            raise TypeError(f"encoding_analyzer must be an EncodingAnalyzer, got {type(encoding_analyzer).__name__}")
+        elif encoding_analyzer.shape != self.shape:
+            raise ValueError(
+                f"encoding_analyzer has shape {encoding_analyzer.shape}, but the quantizer has shape {self.shape}"
+            )
+        self.encoding_analyzer = encoding_analyzer
+        self.min = nn.Parameter(torch.zeros(self.shape))
+        self.max = nn.Parameter(torch.zeros(self.shape))
+        self._dynamic_range: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # -- grid --------------------------------------------------------------------
+    @property
+    def qmin(self) -> int:
+        return self.grid.qmin
+
+    @property
+    def qmax(self) -> int:
+        return self.grid.qmax
+
+    @property
+    def bitwidth(self) -> int:
+        return self.grid.bitwidth
+
+    @property
+    def signed(self) -> bool:
+        return self.grid.signed
+
+    # -- encoding parameters ----------------------------------------------------
+    def _range(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self._dynamic_range is not None:
+            return self._dynamic_range
+        if not self.is_initialized():
+            return None
+        return self.min, self.max
+
+    def get_scale(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """Scale ``max(|max - min|, N * s_min) / N``, or None before initialisation."""
+        rng = self._range()
+        if rng is None:
+            return None
+        scale = scale_from_range(rng[0], rng[1], self.grid)
+        return scale if dtype is None else scale.to(dtype)
+
+    def get_offset(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """Offset (``-zero_point``), or None before initialisation."""
+        rng = self._range()
+        if rng is None:
+            return None
+        offset = offset_from_range(rng[0], scale_from_range(rng[0], rng[1], self.grid), self.grid, self.symmetric)
+        return offset if dtype is None else offset.to(dtype)
+
+    def get_min(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """Smallest representable value ``scale * (offset + qmin)`` (may differ slightly from ``self.min``)."""
+        enc = self.get_encodings()
+        if enc is None:
+            return None
+        return enc.min if dtype is None else enc.min.to(dtype)
+
+    def get_max(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """Largest representable value ``scale * (offset + qmax)``."""
+        enc = self.get_encodings()
+        if enc is None:
+            return None
+        return enc.max if dtype is None else enc.max.to(dtype)
+
+    def get_encodings(self) -> AffineEncoding | None:
+        """The current encoding as an :class:`AffineEncoding`, or None before initialisation."""
+        scale = self.get_scale()
+        if scale is None:
+            return None
+        rng = self._range()
+        assert rng is not None
+        offset = offset_from_range(rng[0], scale, self.grid, self.symmetric)
+        return AffineEncoding(scale, offset, self.grid, block_size=self.block_size)
+
+    @torch.no_grad()
+    def set_range(self, min: torch.Tensor | float, max: torch.Tensor | float) -> None:
+        """Set ``min``/``max`` (broadcast to ``shape``) and mark the quantizer initialised.
+
+        Raises ValueError for non-finite values or ``min > max``.
+        """
+        lo = torch.as_tensor(min, dtype=self.min.dtype, device=self.min.device)
+        hi = torch.as_tensor(max, dtype=self.max.dtype, device=self.max.device)
+        try:
+            lo, hi = torch.broadcast_to(lo, self.shape), torch.broadcast_to(hi, self.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"set_range: min {tuple(lo.shape)} and max {tuple(hi.shape)} must broadcast to shape {self.shape}"
+            ) from None
+        if not (torch.isfinite(lo).all() and torch.isfinite(hi).all()):
+            raise ValueError("set_range: min and max must be finite")
+        if bool((lo > hi).any()):
+            raise ValueError("set_range: min must not exceed max")
+        self.min.copy_(lo)
+        self.max.copy_(hi)
+        self._set_initialized(True)
+
+    def set_encodings(self, encoding: AffineEncoding) -> None:
+        """Adopt an :class:`AffineEncoding` (same grid and shape) as this quantizer's range."""
+        if not isinstance(encoding, AffineEncoding):
+            raise TypeError(f"encoding must be an AffineEncoding, got {type(encoding).__name__}")
+        if tuple(encoding.scale.shape) != self.shape:
+            raise ValueError(f"encoding has shape {tuple(encoding.scale.shape)}, quantizer has shape {self.shape}")
+        if encoding.grid != self.grid:
+            raise ValueError(f"encoding grid {encoding.grid} differs from the quantizer's grid {self.grid}")
+        lo, hi = range_from_scale_offset(encoding.scale.detach(), encoding.offset.detach(), self.grid)
+        self.set_range(lo, hi)
+
+    # -- calibration -------------------------------------------------------------
+    def _reset_statistics(self) -> None:
+        self.encoding_analyzer.reset_stats()
+
+    def _finish_calibration(self) -> None:
+        try:
+            lo, hi = self.encoding_analyzer.compute_encodings(self.grid.num_steps, self.symmetric)
+        except StatisticsNotFoundError:
+            warnings.warn(
+                f"{type(self).__name__}.compute_encodings(): no input was seen, the encoding is unchanged",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return
+        self.set_range(lo, hi)
+
+    @contextlib.contextmanager
+    def _batch_range(self, x: torch.Tensor):
+        rng = self.encoding_analyzer.compute_dynamic_encodings(x, self.grid.num_steps, self.symmetric)
+        self.encoding_analyzer.update_stats(x)
+        if rng is None:  # empty batch: any valid range does, there is nothing to quantize
+            zeros = torch.zeros(self.shape)
+            rng = calibrated_range(zeros, zeros, self.grid.num_steps, self.symmetric)
+        self._dynamic_range = (rng[0].to(self.min.device), rng[1].to(self.max.device))
+        try:
+            yield
+        finally:
+            self._dynamic_range = None
+
+    def _encoding_for(self, x: torch.Tensor) -> AffineEncoding:
+        enc = self.get_encodings()
+        if enc is None:
+            raise RuntimeError(
+                f"Failed to run {type(self).__name__} since quantization parameters are not initialized. "
+                "Please initialize the quantization parameters using `compute_encodings()` or `set_range()`."
+            )
+        return enc
+
+    def _prepare_input(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input must be a tensor, got {type(x).__name__}")
+        if isinstance(x, QuantizedTensor):
+            x = x.dequantize()
+        if isinstance(x, QuantizedTensorBase):
+            x = x.as_subclass(torch.Tensor)
+        if not x.is_floating_point():
+            raise TypeError(f"input must be a floating-point tensor, got dtype {x.dtype}")
+        resolve_layout(x.shape, self.shape, self.block_size)  # clear error before any work
+        return x
+
+    def forward(self, input: torch.Tensor) -> QuantizedTensorBase:
+        x = self._prepare_input(input)
+        if self._calibrating:
+            with self._batch_range(x):
+                return self._apply(x, self._encoding_for(x))
+        return self._apply(x, self._encoding_for(x))
+
+    def _apply(self, x: torch.Tensor, enc: AffineEncoding) -> QuantizedTensorBase:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        block = f", block_size={self.block_size}" if self.block_size is not None else ""
+        return f"shape={self.shape}{block}, qmin={self.qmin}, qmax={self.qmax}, symmetric={self.symmetric}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_dynamic_range"] = None
+        return state
+
+
+class Quantize(AffineQuantizerBase):
+    r"""Quantize the input: ``out = clamp(round(input / scale) - offset, qmin, qmax)``.
+
+    Returns a :class:`~quanta.quantization.QuantizedTensor` (codes stored as
+    floats) that remembers its encoding. Scale and offset derive from the
+    learnable ``min``/``max``; see :class:`AffineQuantizerBase` for arguments.
+
+    >>> import quanta.quantization as Q
+    >>> q = Q.affine.Quantize(shape=(), bitwidth=8, symmetric=True)
+    >>> q.set_range(-128 * 0.1, 127 * 0.1)
+    >>> q(torch.tensor([2.57, -2.312, 0.153]))
+    QuantizedTensor([ 26., -23.,   2.], grad_fn=<AliasBackward0>)
+    """
+
+    def _apply(self, x: torch.Tensor, enc: AffineEncoding) -> QuantizedTensor:
+        return QuantizedTensor._wrap(kernels.quantize(x, enc.scale, enc.offset, enc.grid, enc.block_size), enc)
+
+
+class QuantizeDequantize(AffineQuantizerBase):
+    r"""Fake-quantize the input: ``out = (clamp(round(input / scale) - offset, qmin, qmax) + offset) * scale``.
+
+    Returns a :class:`~quanta.quantization.DequantizedTensor` in the input's
+    dtype. See :class:`AffineQuantizerBase` for arguments.
+
+    >>> import quanta.quantization as Q
+    >>> qtzr = Q.affine.QuantizeDequantize(shape=(), bitwidth=8, symmetric=False)
+    >>> qtzr
+    QuantizeDequantize(shape=(), qmin=0, qmax=255, symmetric=False)
+    >>> qtzr.get_scale() is None
+    True
+    >>> x = torch.arange(256) / 256
+    >>> with qtzr.compute_encodings():
+    ...     _ = qtzr(x)
+    >>> qtzr.get_scale(), qtzr.get_offset()
+    (tensor(0.0039, grad_fn=<DivBackward0>), tensor(0., grad_fn=<SubBackward0>))
+    >>> torch.equal(qtzr(x), x)
+    True
+    """
+
+    def _apply(self, x: torch.Tensor, enc: AffineEncoding) -> DequantizedTensor:
+        out = kernels.quantize_dequantize(x, enc.scale, enc.offset, enc.grid, enc.block_size)
+        return DequantizedTensor._wrap(out, enc)
