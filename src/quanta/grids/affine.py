@@ -29,8 +29,10 @@ __all__ = ["IntegerGrid", "MAX_BITWIDTH", "resolve_grid"]
 #: Widest grid accepted by the AIMET-style API. 32 bits covers int32/uint32 codes.
 MAX_BITWIDTH = 32
 
-# Integer dtypes tried, smallest first, for the compact representation of codes.
-_CODE_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64)
+# Integer dtypes tried, smallest first, for the compact representation of codes:
+# unsigned grids get unsigned dtypes (as AIMET's uint8 for [0, 255] and [0, 15]).
+_SIGNED_CODE_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
+_UNSIGNED_CODE_DTYPES = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
 
 # Largest |value| for which float32 arithmetic on codes is exact *and* a float32
 # dequantized value quantizes back to the same code (relative error 2**-23 of a
@@ -124,10 +126,14 @@ class IntegerGrid:
     def code_dtype(self) -> torch.dtype:
         """Smallest torch integer dtype that holds every code of the grid.
 
+        Unsigned for grids without negative codes, signed otherwise.
+
         >>> IntegerGrid(0, 65535).code_dtype
         torch.uint16
+        >>> IntegerGrid(-8, 7).code_dtype
+        torch.int8
         """
-        for dtype in _CODE_DTYPES:
+        for dtype in _SIGNED_CODE_DTYPES if self.signed else _UNSIGNED_CODE_DTYPES:
             info = torch.iinfo(dtype)
             if info.min <= self.qmin and self.qmax <= info.max:
                 return dtype

@@ -32,7 +32,9 @@ def _expanded(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, block_
 def _codes(xn: np.ndarray, sn: np.ndarray, on: np.ndarray, grid: IntegerGrid) -> np.ndarray:
     with np.errstate(all="ignore"):
         v = np.rint(xn / sn) - on  # rint rounds half to even
-        return np.minimum(np.maximum(v, xn.dtype.type(grid.qmin)), xn.dtype.type(grid.qmax))
+        # clamp read literally: v itself whenever qmin <= v <= qmax (so -0.0 stays -0.0), NaN passes
+        lo, hi = xn.dtype.type(grid.qmin), xn.dtype.type(grid.qmax)
+        return np.where(v < lo, lo, np.where(v > hi, hi, v))
 
 
 def quantize_reference(x, scale, offset, grid: IntegerGrid, block_size=None) -> torch.Tensor:
