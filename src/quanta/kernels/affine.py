@@ -116,7 +116,7 @@ class _QuantizeDequantize(torch.autograd.Function):
         dx = ds = do = None
         if not recompute:
             (inside,) = ctx.saved_tensors
-            dx = layout.from_blocks(gb * inside).to(grad.dtype)
+            dx = layout.from_blocks(torch.where(inside, gb, 0.0)).to(grad.dtype)
             return dx, None, None, None, None, None, None
         x, scale, offset = ctx.saved_tensors
         xb = layout.to_blocks(x.to(cdt))
@@ -126,7 +126,7 @@ class _QuantizeDequantize(torch.autograd.Function):
         below, above = v < qmin, v > qmax
         inside = (v >= qmin) & (v <= qmax)
         if ctx.needs_input_grad[0]:
-            dx = layout.from_blocks(gb * inside).to(x.dtype)
+            dx = layout.from_blocks(torch.where(inside, gb, 0.0)).to(x.dtype)
         if ctx.needs_input_grad[1]:
             zero = torch.zeros((), dtype=cdt, device=x.device)
             d = torch.where(inside, r - xs, zero)
@@ -161,12 +161,13 @@ class _Quantize(torch.autograd.Function):
         s = layout.scale_to_blocks(scale.to(cdt))
         o = layout.scale_to_blocks(offset.to(cdt))
         xs, _, v = _rounded_and_shifted(xb, s, o)
-        g_in = gb * ((v >= qmin) & (v <= qmax))
+        # where(), not a product with the mask: a clamped x/s may be inf, and 0 * inf is NaN
+        g_in = torch.where((v >= qmin) & (v <= qmax), gb, 0.0)
         dx = ds = do = None
         if ctx.needs_input_grad[0]:
             dx = layout.from_blocks(g_in / s).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            ds = layout.reduce_to_scale(-g_in * xs / s).to(scale.dtype)
+            ds = layout.reduce_to_scale(torch.where(g_in != 0, -g_in * xs / s, 0.0)).to(scale.dtype)
         if ctx.needs_input_grad[2]:
             do = layout.reduce_to_scale(-g_in).to(offset.dtype)
         return dx, ds, do, None, None, None, None, None

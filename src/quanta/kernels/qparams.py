@@ -36,9 +36,25 @@ __all__ = [
 _EPS_FP32 = torch.finfo(torch.float32).eps
 
 
+class _SteRound(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad
+
+
 def ste_round(x: torch.Tensor) -> torch.Tensor:
-    """``round(x)`` (half to even) in the forward pass, identity in the backward pass."""
-    return x + (torch.round(x) - x).detach()
+    """``round(x)`` (half to even, exactly, sign of zero kept) forward; identity backward.
+
+    >>> x = torch.tensor([2.5, -0.2], requires_grad=True)
+    >>> y = ste_round(x); y.sum().backward()
+    >>> y.detach(), x.grad
+    (tensor([2., -0.]), tensor([1., 1.]))
+    """
+    return _SteRound.apply(x)
 
 
 def minimum_scale(num_steps: int) -> float:
@@ -88,30 +104,38 @@ def range_from_scale_offset(
 def calibrated_range(
     min: torch.Tensor, max: torch.Tensor, num_steps: int, symmetric: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn observed statistics into a quantizer range (MinMax calibration).
+    """Turn observed statistics into a quantizer range (MinMax calibration, as AIMET).
+
+    With ``N = num_steps`` and ``s_min = minimum_scale(N)``:
 
     * include zero: ``min <- min(min, 0)``, ``max <- max(max, 0)``;
-    * widen degenerate ranges so ``max - min >= N * s_min``;
+    * widen degenerate ranges, where ``(max - min) / N < s_min``: asymmetric
+      ``max += N * s_min``; symmetric ``max += floor(N/2) * s_min``,
+      ``min -= ceil(N/2) * s_min``;
     * symmetric: ``delta = max(max / floor(N/2), -min / ceil(N/2))``,
-      ``min = -ceil(N/2) * delta``, ``max = floor(N/2) * delta``.
+      ``min = -ceil(N/2) * delta``, ``max = floor(N/2) * delta``;
+    * clamp to the finite range of the dtype.
 
     >>> calibrated_range(torch.tensor(-0.5), torch.tensor(0.375), 255, symmetric=True)
     (tensor(-0.5000), tensor(0.4961))
+    >>> calibrated_range(torch.tensor(0.0), torch.tensor(0.0), 255, symmetric=False)[1] == 255 * minimum_scale(255)
+    tensor(True)
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be positive, got {num_steps}")
-    min = torch.clamp_max(min.float() if min.dtype != torch.float64 else min, 0)
-    max = torch.clamp_min(max.to(min.dtype), 0)
-    finfo = torch.finfo(min.dtype)
-    min, max = min.clamp_min(finfo.min), max.clamp_max(finfo.max)
-    width = num_steps * minimum_scale(num_steps)
-    # Degenerate (all-zero) statistics: grow the range on the side with room, keeping 0 inside.
-    max = torch.where(max - min < width, min + width, max)
+    dtype = torch.promote_types(min.dtype, torch.float32)
+    min = torch.clamp_max(min.to(dtype), 0)
+    max = torch.clamp_min(max.to(dtype), 0)
+    s_min = minimum_scale(num_steps)
+    pos, neg = num_steps // 2, math.ceil(num_steps / 2)
+    degenerate = (max - min) / num_steps < s_min
     if symmetric:
-        pos, neg = num_steps // 2, math.ceil(num_steps / 2)
-        if pos == 0:  # a 1-step signed grid [-1, 0] only has negative codes
-            delta = -min / neg
-        else:
-            delta = torch.maximum(max / pos, -min / neg)
+        max = torch.where(degenerate, max + pos * s_min, max)
+        min = torch.where(degenerate, min - neg * s_min, min)
+        # a 1-step signed grid [-1, 0] has no positive codes: only the negative side counts
+        delta = -min / neg if pos == 0 else torch.maximum(max / pos, -min / neg)
         min, max = -neg * delta, pos * delta
-    return min, max
+    else:
+        max = torch.where(degenerate, max + num_steps * s_min, max)
+    finfo = torch.finfo(dtype)
+    return min.clamp(finfo.min, finfo.max), max.clamp(finfo.min, finfo.max)

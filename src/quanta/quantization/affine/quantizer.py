@@ -95,6 +95,7 @@ class AffineQuantizerBase(QuantizerBase):
         self.min = nn.Parameter(torch.zeros(self.shape))
         self.max = nn.Parameter(torch.zeros(self.shape))
         self._dynamic_range: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._assigned: set[str] = set()  # min/max replaced by assignment since construction
 
     # -- grid --------------------------------------------------------------------
     @property
@@ -162,13 +163,19 @@ class AffineQuantizerBase(QuantizerBase):
         return AffineEncoding(scale, offset, self.grid, block_size=self.block_size)
 
     @torch.no_grad()
-    def set_range(self, min: torch.Tensor | float, max: torch.Tensor | float) -> None:
+    def set_range(self, min: torch.Tensor | float | None, max: torch.Tensor | float | None) -> None:
         """Set ``min``/``max`` (broadcast to ``shape``) and mark the quantizer initialised.
 
-        Raises ValueError for non-finite values or ``min > max``.
+        ``None`` leaves that end as it is. Raises ValueError for non-finite
+        values or ``min > max``.
+
+        >>> q = QuantizeDequantize(shape=(), bitwidth=8, symmetric=False)
+        >>> q.set_range(-10, 41)
+        >>> q.get_scale().item(), q.get_offset().item()
+        (0.20000000298023224, -50.0)
         """
-        lo = torch.as_tensor(min, dtype=self.min.dtype, device=self.min.device)
-        hi = torch.as_tensor(max, dtype=self.max.dtype, device=self.max.device)
+        lo = self.min.detach() if min is None else torch.as_tensor(min, dtype=self.min.dtype, device=self.min.device)
+        hi = self.max.detach() if max is None else torch.as_tensor(max, dtype=self.max.dtype, device=self.max.device)
         try:
             lo, hi = torch.broadcast_to(lo, self.shape), torch.broadcast_to(hi, self.shape)
         except RuntimeError:
@@ -257,6 +264,20 @@ class AffineQuantizerBase(QuantizerBase):
     def extra_repr(self) -> str:
         block = f", block_size={self.block_size}" if self.block_size is not None else ""
         return f"shape={self.shape}{block}, qmin={self.qmin}, qmax={self.qmax}, symmetric={self.symmetric}"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # AIMET lets users initialise a quantizer by assigning new min and max Parameters.
+        if name in ("min", "max") and "_assigned" in self.__dict__:
+            if not isinstance(value, nn.Parameter):
+                raise TypeError(f"{name} must be an nn.Parameter, got {type(value).__name__}")
+            if tuple(value.shape) != self.shape:
+                raise ValueError(f"{name} must have shape {self.shape}, got {tuple(value.shape)}")
+            super().__setattr__(name, value)
+            self._assigned.add(name)
+            if self._assigned == {"min", "max"}:
+                self._set_initialized(True)
+            return
+        super().__setattr__(name, value)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
