@@ -30,6 +30,7 @@ __all__ = [
     "scale_from_range",
     "offset_from_range",
     "range_from_scale_offset",
+    "range_for_encoding",
     "calibrated_range",
 ]
 
@@ -99,6 +100,51 @@ def range_from_scale_offset(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scale * (offset + qmin), scale * (offset + qmax))``: the representable range."""
     return scale * (offset + grid.qmin), scale * (offset + grid.qmax)
+
+
+def _ulp_steps(t: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """``[t - k ulp, ..., t, ..., t + k ulp]`` (each step one ``nextafter``)."""
+    up, down = [t], [t]
+    for _ in range(k):
+        up.append(torch.nextafter(up[-1], torch.full_like(t, torch.inf)))
+        down.append(torch.nextafter(down[-1], torch.full_like(t, -torch.inf)))
+    return down[:0:-1] + up
+
+
+def range_for_encoding(
+    scale: torch.Tensor, offset: torch.Tensor, grid: IntegerGrid, *, symmetric: bool = False, ulps: int = 4
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A range ``(min, max)`` from which scale and offset come back bit for bit, where one exists.
+
+    ``range_from_scale_offset`` alone can be an ulp off after the round trip
+    ``s -> (min, max) -> (max - min) / N``, because ``max - min`` rounds. This
+    tries ``min`` and ``max`` within ``ulps`` ulps of the plain answer, nearest
+    first, and keeps the first pair that reproduces both scale and offset.
+    Some float32 scales have no such pair at all (no float32 ``max - min``
+    divides to them); there the plain answer is kept, one ulp off at most.
+
+    Returns ``(min, max, exact)``, ``exact`` marking the entries reproduced bit for bit.
+
+    >>> s, o, g = torch.tensor(0.007843137718737125), torch.tensor(-38.0), IntegerGrid(0, 255)
+    >>> lo, hi, exact = range_for_encoding(s, o, g)
+    >>> bool(scale_from_range(lo, hi, g) == s), bool(exact)
+    (True, True)
+    """
+    lo0, hi0 = range_from_scale_offset(scale, offset, grid)
+    best_lo, best_hi = lo0.clone(), hi0.clone()
+    found = torch.zeros_like(scale, dtype=torch.bool)
+    los, his = _ulp_steps(lo0, ulps), _ulp_steps(hi0, ulps)
+    order = sorted(((i, j) for i in range(len(los)) for j in range(len(his))),
+                   key=lambda ij: abs(ij[0] - ulps) + abs(ij[1] - ulps))
+    for i, j in order:
+        lo, hi = los[i], his[j]
+        s = scale_from_range(lo, hi, grid).to(scale.dtype)
+        ok = (s == scale) & (offset_from_range(lo, s, grid, symmetric) == offset) & ~found
+        best_lo, best_hi = torch.where(ok, lo, best_lo), torch.where(ok, hi, best_hi)
+        found |= ok
+        if bool(found.all()):
+            break
+    return best_lo, best_hi, found
 
 
 def calibrated_range(

@@ -21,6 +21,7 @@ How the encoding travels with the data (rules are data, see ``_KEEP_ENCODING``):
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -105,6 +106,19 @@ class QuantizedTensorBase(torch.Tensor):
             )
         return enc
 
+    def __deepcopy__(self, memo: dict) -> "QuantizedTensorBase":
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol"
+            )
+        data = self.detach().as_subclass(torch.Tensor).clone()
+        out = type(self)._wrap(data, copy.deepcopy(getattr(self, "encoding", None), memo))
+        out.requires_grad_(self.requires_grad)
+        memo[id(self)] = out
+        return out
+
     @classmethod
     def _wrap(cls, t: torch.Tensor, encoding: AffineEncoding | None):
         out = t.as_subclass(cls)
@@ -169,7 +183,8 @@ class QuantizedTensor(QuantizedTensorBase):
     """
 
     def quantize(self) -> "QuantizedTensor":
-        """Already quantized: returns ``self``."""
+        """Already quantized: returns ``self`` (an error if an in-place write dropped the encoding)."""
+        self._require_encoding()
         return self
 
     def dequantize(self) -> "DequantizedTensor":
@@ -205,5 +220,6 @@ class DequantizedTensor(QuantizedTensorBase):
         return QuantizedTensor._wrap(out, enc)
 
     def dequantize(self) -> "DequantizedTensor":
-        """Already dequantized: returns ``self``."""
+        """Already dequantized: returns ``self`` (an error if an in-place write dropped the encoding)."""
+        self._require_encoding()
         return self

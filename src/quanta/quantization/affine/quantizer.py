@@ -21,7 +21,7 @@ from quanta.kernels.blocks import check_block_size, resolve_layout
 from quanta.kernels.qparams import (
     calibrated_range,
     offset_from_range,
-    range_from_scale_offset,
+    range_for_encoding,
     scale_from_range,
 )
 from quanta.quantization.base import QuantizerBase
@@ -191,14 +191,37 @@ class AffineQuantizerBase(QuantizerBase):
         self._set_initialized(True)
 
     def set_encodings(self, encoding: AffineEncoding) -> None:
-        """Adopt an :class:`AffineEncoding` (same grid and shape) as this quantizer's range."""
+        """Adopt an :class:`AffineEncoding` (same grid and shape) as this quantizer's range.
+
+        ``get_encodings()`` then returns it bit for bit whenever a float32 range
+        ``[min, max]`` can express it (almost always; otherwise a RuntimeWarning
+        says how many scales are one ulp off).
+
+        >>> a = QuantizeDequantize(shape=(), bitwidth=8)
+        >>> a.set_range(-0.3, 1.7)
+        >>> b = QuantizeDequantize(shape=(), bitwidth=8)
+        >>> b.set_encodings(a.get_encodings())
+        >>> b.get_encodings() == a.get_encodings()
+        True
+        """
         if not isinstance(encoding, AffineEncoding):
             raise TypeError(f"encoding must be an AffineEncoding, got {type(encoding).__name__}")
         if tuple(encoding.scale.shape) != self.shape:
             raise ValueError(f"encoding has shape {tuple(encoding.scale.shape)}, quantizer has shape {self.shape}")
         if encoding.grid != self.grid:
             raise ValueError(f"encoding grid {encoding.grid} differs from the quantizer's grid {self.grid}")
-        lo, hi = range_from_scale_offset(encoding.scale.detach(), encoding.offset.detach(), self.grid)
+        scale = encoding.scale.detach().float()
+        offset = torch.broadcast_to(encoding.offset.detach(), scale.shape).float()
+        if self.symmetric and not torch.equal(offset, offset_from_range(scale, scale, self.grid, True)):
+            raise ValueError("a symmetric quantizer needs the symmetric offset -round((qmin + qmax) / 2)")
+        lo, hi, exact = range_for_encoding(scale, offset, self.grid, symmetric=self.symmetric)
+        if not bool(exact.all()):
+            warnings.warn(
+                f"set_encodings: {int((~exact).sum())} of {exact.numel()} scales have no float32 range "
+                "[min, max] that reproduces them exactly; they are kept to within one ulp",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.set_range(lo, hi)
 
     # -- calibration -------------------------------------------------------------
