@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from quanta.grids.affine import IntegerGrid
+from quanta.grids.affine import GridProperties, IntegerGrid
 from quanta.kernels import affine as kernels
 from quanta.kernels.blocks import check_block_size
 
 __all__ = ["AffineEncoding"]
 
 
-class AffineEncoding:
+class AffineEncoding(GridProperties):
     """Scale and offset of an affine quantization on an integer grid.
 
     ``Q(x) = clamp(round(x/scale) - offset, qmin, qmax)``,
@@ -56,28 +56,6 @@ class AffineEncoding:
         self.offset = offset
         self.grid = grid
         self.block_size = check_block_size(block_size)
-
-    # -- descriptive properties (AIMET names) ---------------------------------
-    @property
-    def qmin(self) -> int:
-        return self.grid.qmin
-
-    @property
-    def qmax(self) -> int:
-        return self.grid.qmax
-
-    @property
-    def num_steps(self) -> int:
-        return self.grid.num_steps
-
-    @property
-    def bitwidth(self) -> int:
-        """Bits per code (``ceil(log2(qmax - qmin + 1))``)."""
-        return self.grid.bitwidth
-
-    @property
-    def signed(self) -> bool:
-        return self.grid.signed
 
     @property
     def dtype(self) -> torch.dtype:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["IntegerGrid", "MAX_BITWIDTH", "resolve_grid"]
+__all__ = ["IntegerGrid", "MAX_BITWIDTH", "resolve_grid", "GridProperties"]
 
 #: Widest grid accepted by the AIMET-style API. 32 bits covers int32/uint32 codes.
 MAX_BITWIDTH = 32
@@ -202,3 +202,30 @@ def resolve_grid(
         return IntegerGrid.from_bitwidth(bitwidth, signed)
     assert num_steps is not None
     return IntegerGrid.from_num_steps(num_steps, signed)
+
+
+class GridProperties:
+    """Mixin for objects with a ``grid``: exposes its bounds under AIMET's attribute names."""
+
+    grid: IntegerGrid
+
+    @property
+    def qmin(self) -> int:
+        return self.grid.qmin
+
+    @property
+    def qmax(self) -> int:
+        return self.grid.qmax
+
+    @property
+    def num_steps(self) -> int:
+        return self.grid.num_steps
+
+    @property
+    def bitwidth(self) -> int:
+        """Bits per code (``ceil(log2(qmax - qmin + 1))``)."""
+        return self.grid.bitwidth
+
+    @property
+    def signed(self) -> bool:
+        return self.grid.signed

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from quanta.encodings.affine import AffineEncoding
-from quanta.grids.affine import IntegerGrid, MAX_BITWIDTH, resolve_grid
+from quanta.grids.affine import MAX_BITWIDTH, GridProperties, resolve_grid
 from quanta.kernels import affine as kernels
 from quanta.kernels.blocks import check_block_size, resolve_layout
 from quanta.kernels.qparams import (
@@ -36,7 +36,7 @@ from quanta.tensors.quantized import DequantizedTensor, QuantizedTensor, Quantiz
 __all__ = ["AffineQuantizerBase", "Quantize", "QuantizeDequantize"]
 
 
-class AffineQuantizerBase(QuantizerBase):
+class AffineQuantizerBase(GridProperties, QuantizerBase):
     """Common state of the affine quantizers.
 
     Args:
@@ -96,23 +96,6 @@ class AffineQuantizerBase(QuantizerBase):
         self.max = nn.Parameter(torch.zeros(self.shape))
         self._dynamic_range: tuple[torch.Tensor, torch.Tensor] | None = None
         self._assigned: set[str] = set()  # min/max replaced by assignment since construction
-
-    # -- grid --------------------------------------------------------------------
-    @property
-    def qmin(self) -> int:
-        return self.grid.qmin
-
-    @property
-    def qmax(self) -> int:
-        return self.grid.qmax
-
-    @property
-    def bitwidth(self) -> int:
-        return self.grid.bitwidth
-
-    @property
-    def signed(self) -> bool:
-        return self.grid.signed
 
     # -- encoding parameters ----------------------------------------------------
     def _range(self) -> tuple[torch.Tensor, torch.Tensor] | None:
