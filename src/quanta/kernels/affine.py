@@ -28,16 +28,28 @@ Gradients (straight-through estimator, mask on the *rounded* value,
 Backward keeps at most one byte per element: a boolean mask when only the input
 needs a gradient; otherwise it keeps a reference to the input (not a copy) and
 recomputes.
+
+Two implementations, one result: a single-pass native kernel
+(:mod:`quanta.kernels.native`) for CPU tensors whose layout it covers, and an
+eager PyTorch path for everything else (other devices, layouts with blocks in two
+separate dimensions, no C++ compiler). Both match the NumPy reference bit for
+bit, ties included; gradient sums may differ in the last bits (summation order).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from quanta.grids.affine import IntegerGrid
+from quanta.kernels import native
 from quanta.kernels.blocks import BlockLayout, resolve_layout
 
-__all__ = ["quantize", "dequantize", "quantize_dequantize", "codes_dtype"]
+__all__ = ["quantize", "dequantize", "quantize_dequantize", "codes_dtype", "QDQ", "Q", "forward_raw",
+           "backward_raw", "AffinePlan", "plan"]
+
+QDQ, Q = native.QDQ, native.Q
 
 # Largest integer up to which every integer is exactly representable, per float dtype.
 _EXACT_INTEGER_LIMIT = {
@@ -70,18 +82,15 @@ def _check_float(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
 
 
-def _prepare(
-    x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, grid: IntegerGrid, block_size
-) -> tuple[BlockLayout, torch.dtype, torch.Tensor]:
-    layout = resolve_layout(x.shape, scale.shape, block_size)
-    if offset.shape != scale.shape:
-        try:
-            offset = offset.expand(scale.shape)
-        except RuntimeError:
-            raise ValueError(
-                f"offset shape {tuple(offset.shape)} does not broadcast to scale shape {tuple(scale.shape)}"
-            ) from None
-    return layout, grid.compute_dtype(x.dtype), offset
+def _broadcast_offset(offset: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    if offset.shape == scale.shape:
+        return offset
+    try:
+        return offset.expand(scale.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"offset shape {tuple(offset.shape)} does not broadcast to scale shape {tuple(scale.shape)}"
+        ) from None
 
 
 def _rounded_and_shifted(
@@ -93,84 +102,156 @@ def _rounded_and_shifted(
     return xs, r, r - o
 
 
-class _QuantizeDequantize(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, scale, offset, qmin, qmax, layout, cdt):  # type: ignore[override]
-        xb = layout.to_blocks(x.to(cdt))
-        s = layout.scale_to_blocks(scale.to(cdt))
-        o = layout.scale_to_blocks(offset.to(cdt))
-        y = torch.div(xb, s).round_().sub_(o)
-        needs_x, needs_s, needs_o = ctx.needs_input_grad[:3]
-        if needs_s or needs_o:
-            ctx.save_for_backward(x, scale, offset)
-        elif needs_x:
-            ctx.save_for_backward((y >= qmin) & (y <= qmax))
-        y.clamp_(qmin, qmax).add_(o).mul_(s)
-        ctx.meta = (qmin, qmax, layout, cdt, needs_s or needs_o)
-        return layout.from_blocks(y).to(x.dtype)
+class AffinePlan:
+    """Everything about one (input shape, dtype, scale shape, grid) that does not depend on values.
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        qmin, qmax, layout, cdt, recompute = ctx.meta
-        gb = layout.to_blocks(grad.to(cdt))
-        dx = ds = do = None
-        if not recompute:
-            (inside,) = ctx.saved_tensors
-            dx = layout.from_blocks(torch.where(inside, gb, 0.0)).to(grad.dtype)
-            return dx, None, None, None, None, None, None
-        x, scale, offset = ctx.saved_tensors
-        xb = layout.to_blocks(x.to(cdt))
-        s = layout.scale_to_blocks(scale.to(cdt))
-        o = layout.scale_to_blocks(offset.to(cdt))
-        xs, r, v = _rounded_and_shifted(xb, s, o)
-        below, above = v < qmin, v > qmax
-        inside = (v >= qmin) & (v <= qmax)
-        if ctx.needs_input_grad[0]:
+    Built once by :func:`plan` and reusable across calls (quantizer modules cache
+    it per input shape), so the per-call work is the kernel alone.
+    """
+
+    __slots__ = ("layout", "cdt", "qmin", "qmax", "psb", "dtype")
+
+    def __init__(self, layout: BlockLayout, grid: IntegerGrid, dtype: torch.dtype, device: torch.device,
+                 out_dtype: torch.dtype) -> None:
+        self.layout = layout
+        self.cdt = grid.compute_dtype(dtype)
+        self.qmin, self.qmax = grid.qmin, grid.qmax
+        self.dtype = dtype
+        native_ok = device.type == "cpu" and out_dtype == dtype and native.supports(dtype)
+        psb = layout.psb() if native_ok and math.prod(layout.input_shape) > 0 else None
+        self.psb = psb if psb is not None and native.library() is not None else None
+
+    def flat(self, t: torch.Tensor) -> torch.Tensor:
+        """A scale/offset tensor as the native kernel wants it: contiguous, 1-D, compute dtype."""
+        return t.detach().to(self.cdt).contiguous().reshape(-1)
+
+
+def plan(x: torch.Tensor, scale_shape, grid: IntegerGrid, block_size, out_dtype: torch.dtype | None = None
+         ) -> AffinePlan:
+    """Validate the layout of ``x`` against ``scale_shape`` and pick the implementation."""
+    layout = resolve_layout(x.shape, scale_shape, block_size)
+    return AffinePlan(layout, grid, x.dtype, x.device, x.dtype if out_dtype is None else out_dtype)
+
+
+def forward_raw(mode: int, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, p: AffinePlan,
+                out_dtype: torch.dtype, *, want_mask: bool = False, out: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """QDQ or Q without autograd: ``(result, inside-mask or None)``. ``offset`` has ``scale``'s shape."""
+    if p.psb is not None and native.library() is not None:
+        y, mask = native.forward(mode, x.contiguous(), p.psb, p.flat(scale), p.flat(offset), p.qmin, p.qmax,
+                                 out=out if out is not None and out.is_contiguous() else None, want_mask=want_mask)
+        y = y.view(x.shape)
+        if out is not None and y.data_ptr() != out.data_ptr():
+            y = out.copy_(y)
+        return y, None if mask is None else mask.view(x.shape)
+    layout = p.layout
+    s = layout.scale_to_blocks(scale.detach().to(p.cdt))
+    o = layout.scale_to_blocks(offset.detach().to(p.cdt))
+    y = torch.div(layout.to_blocks(x.detach().to(p.cdt)), s).round_().sub_(o)
+    mask = layout.from_blocks((y >= p.qmin) & (y <= p.qmax)) if want_mask else None
+    y.clamp_(p.qmin, p.qmax)
+    if mode == QDQ:
+        y.add_(o).mul_(s)
+    y = layout.from_blocks(y)
+    return (out.copy_(y) if out is not None else y.to(out_dtype)), mask
+
+
+def backward_raw(mode: int, grad: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+                 p: AffinePlan, need: tuple[bool, bool, bool]
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of QDQ or Q w.r.t. input, scale and offset (see the module docstring)."""
+    if p.psb is not None and grad.dtype == x.dtype and native.library() is not None:
+        dx, ds, do = native.backward(mode, grad.contiguous(), x.detach().contiguous(), p.psb, p.flat(scale),
+                                     p.flat(offset), p.qmin, p.qmax, want_dx=need[0])
+        return (None if dx is None else dx.view(x.shape),
+                ds.reshape(scale.shape).to(scale.dtype) if need[1] else None,
+                do.reshape(offset.shape).to(offset.dtype) if need[2] else None)
+    layout, cdt, qmin, qmax = p.layout, p.cdt, p.qmin, p.qmax
+    gb = layout.to_blocks(grad.to(cdt))
+    s = layout.scale_to_blocks(scale.detach().to(cdt))
+    o = layout.scale_to_blocks(offset.detach().to(cdt))
+    xs, r, v = _rounded_and_shifted(layout.to_blocks(x.detach().to(cdt)), s, o)
+    below, above = v < qmin, v > qmax
+    inside = (v >= qmin) & (v <= qmax)
+    dx = ds = do = None
+    if mode == QDQ:
+        if need[0]:
             dx = layout.from_blocks(torch.where(inside, gb, 0.0)).to(x.dtype)
-        if ctx.needs_input_grad[1]:
+        if need[1]:
             zero = torch.zeros((), dtype=cdt, device=x.device)
             d = torch.where(inside, r - xs, zero)
             d = torch.where(below, qmin + o, d)
             d = torch.where(above, qmax + o, d)
             ds = layout.reduce_to_scale(gb * d).to(scale.dtype)
-        if ctx.needs_input_grad[2]:
-            clamped = below | above
-            do = layout.reduce_to_scale(gb * clamped * s).to(offset.dtype)
-        return dx, ds, do, None, None, None, None
+        if need[2]:
+            do = layout.reduce_to_scale(gb * (below | above) * s).to(offset.dtype)
+        return dx, ds, do
+    # where(), not a product with the mask: a clamped x/s may be inf, and 0 * inf is NaN
+    g_in = torch.where(inside, gb, 0.0)
+    if need[0]:
+        dx = layout.from_blocks(g_in / s).to(x.dtype)
+    if need[1]:
+        ds = layout.reduce_to_scale(torch.where(g_in != 0, -g_in * xs / s, 0.0)).to(scale.dtype)
+    if need[2]:
+        do = layout.reduce_to_scale(-g_in).to(offset.dtype)
+    return dx, ds, do
 
 
-class _Quantize(torch.autograd.Function):
+class _AffineFunction(torch.autograd.Function):
+    """Autograd for QDQ and Q with tensor scale and offset.
+
+    Saves a bool mask when only the input needs a gradient (QDQ), otherwise a
+    reference to the input, and recomputes in backward.
+    """
+
     @staticmethod
-    def forward(ctx, x, scale, offset, qmin, qmax, layout, cdt, out_dtype):  # type: ignore[override]
-        xb = layout.to_blocks(x.to(cdt))
-        s = layout.scale_to_blocks(scale.to(cdt))
-        o = layout.scale_to_blocks(offset.to(cdt))
-        y = torch.div(xb, s).round_().sub_(o)
-        if any(ctx.needs_input_grad[:3]):
+    def forward(ctx, x, scale, offset, mode, p, out_dtype, out):  # type: ignore[override]
+        needs_x, needs_s, needs_o = ctx.needs_input_grad[:3]
+        use_mask = mode == QDQ and needs_x and not (needs_s or needs_o)
+        y, mask = forward_raw(mode, x, scale, offset, p, out_dtype, want_mask=use_mask, out=out)
+        if use_mask:
+            ctx.save_for_backward(mask)
+        elif needs_x or needs_s or needs_o:
             ctx.save_for_backward(x, scale, offset)
-        y.clamp_(qmin, qmax)
-        ctx.meta = (qmin, qmax, layout, cdt)
-        return layout.from_blocks(y).to(out_dtype)
+        ctx.meta = (mode, p, use_mask)
+        return y
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        qmin, qmax, layout, cdt = ctx.meta
+        mode, p, use_mask = ctx.meta
+        if use_mask:
+            (inside,) = ctx.saved_tensors
+            return torch.where(inside, grad, 0.0), None, None, None, None, None, None
         x, scale, offset = ctx.saved_tensors
-        gb = layout.to_blocks(grad.to(cdt))
-        xb = layout.to_blocks(x.to(cdt))
-        s = layout.scale_to_blocks(scale.to(cdt))
-        o = layout.scale_to_blocks(offset.to(cdt))
-        xs, _, v = _rounded_and_shifted(xb, s, o)
-        # where(), not a product with the mask: a clamped x/s may be inf, and 0 * inf is NaN
-        g_in = torch.where((v >= qmin) & (v <= qmax), gb, 0.0)
-        dx = ds = do = None
-        if ctx.needs_input_grad[0]:
-            dx = layout.from_blocks(g_in / s).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            ds = layout.reduce_to_scale(torch.where(g_in != 0, -g_in * xs / s, 0.0)).to(scale.dtype)
-        if ctx.needs_input_grad[2]:
-            do = layout.reduce_to_scale(-g_in).to(offset.dtype)
-        return dx, ds, do, None, None, None, None, None
+        dx, ds, do = backward_raw(mode, grad, x, scale, offset, p, tuple(ctx.needs_input_grad[:3]))
+        return dx, ds, do, None, None, None, None
+
+
+def _check_out(out: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype) -> None:
+    if out is None:
+        return
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a tensor, got {type(out).__name__}")
+    if out.shape != like.shape or out.dtype != dtype or out.device != like.device:
+        raise ValueError(
+            f"out must have shape {tuple(like.shape)}, dtype {dtype} and device {like.device}; got "
+            f"{tuple(out.shape)}, {out.dtype}, {out.device}"
+        )
+    if torch.is_grad_enabled() and out.requires_grad:
+        raise RuntimeError("out= does not support autograd: out requires grad")
+
+
+def _apply(mode, x, scale, offset, grid, block_size, out_dtype, out):
+    _check_float("input", x)
+    offset = _broadcast_offset(offset, scale)
+    p = plan(x, scale.shape, grid, block_size, out_dtype)
+    _check_out(out, x, out_dtype)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad or offset.requires_grad)
+    if out is not None and needs_grad:
+        raise RuntimeError("out= does not support autograd; call it under torch.no_grad() or without out=")
+    if not needs_grad:
+        return forward_raw(mode, x, scale, offset, p, out_dtype, out=out)[0]
+    return _AffineFunction.apply(x, scale, offset, mode, p, out_dtype, out)
 
 
 def quantize_dequantize(
@@ -179,8 +260,13 @@ def quantize_dequantize(
     offset: torch.Tensor,
     grid: IntegerGrid,
     block_size: tuple[int, ...] | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fake-quantize: ``(clamp(round(x/s) - o, qmin, qmax) + o) * s``, in ``x.dtype``.
+
+    ``out`` (same shape and dtype as ``x``; may be ``x`` itself) receives the
+    result instead of a new tensor; it cannot be combined with autograd.
 
     Args:
         x: floating-point input.
@@ -193,9 +279,7 @@ def quantize_dequantize(
     >>> quantize_dequantize(x, torch.tensor(0.1), torch.tensor(0.0), IntegerGrid(0, 15))
     tensor([0.0000, 0.0000, 0.1000, 1.5000])
     """
-    _check_float("input", x)
-    layout, cdt, offset = _prepare(x, scale, offset, grid, block_size)
-    return _QuantizeDequantize.apply(x, scale, offset, grid.qmin, grid.qmax, layout, cdt)
+    return _apply(QDQ, x, scale, offset, grid, block_size, x.dtype, out)
 
 
 def quantize(
@@ -204,18 +288,18 @@ def quantize(
     offset: torch.Tensor,
     grid: IntegerGrid,
     block_size: tuple[int, ...] | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Quantize: ``clamp(round(x/s) - o, qmin, qmax)`` as floats holding integer codes.
 
     The result's dtype is :func:`codes_dtype` of the input (``x.dtype`` unless
-    that dtype cannot hold every code exactly).
+    that dtype cannot hold every code exactly). ``out`` as in :func:`quantize_dequantize`.
 
     >>> quantize(torch.tensor([0.0, 0.05, 0.15, 2.0]), torch.tensor(0.1), torch.tensor(0.0), IntegerGrid(0, 15))
     tensor([ 0.,  0.,  2., 15.])
     """
-    _check_float("input", x)
-    layout, cdt, offset = _prepare(x, scale, offset, grid, block_size)
-    return _Quantize.apply(x, scale, offset, grid.qmin, grid.qmax, layout, cdt, codes_dtype(x.dtype, grid))
+    return _apply(Q, x, scale, offset, grid, block_size, codes_dtype(x.dtype, grid), out)
 
 
 def dequantize(
@@ -225,13 +309,15 @@ def dequantize(
     block_size: tuple[int, ...] | None = None,
     *,
     output_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dequantize codes: ``(q + o) * s``.
 
     ``q`` may hold the codes as floats or as integers. The arithmetic runs in
     float32, or float64 when ``q``, ``scale`` or ``offset`` is float64 or ``q`` is
     a 32/64-bit integer; the result has ``output_dtype`` (default: ``q.dtype``
-    for float codes, ``scale.dtype`` for integer codes).
+    for float codes, ``scale.dtype`` for integer codes). ``out`` receives the
+    result (no autograd).
 
     >>> dequantize(torch.tensor([0, 2, 15], dtype=torch.uint8), torch.tensor(0.1), torch.tensor(0.0))
     tensor([0.0000, 0.2000, 1.5000])
@@ -243,7 +329,20 @@ def dequantize(
     cdt = torch.float64 if wide or torch.float64 in (scale.dtype, offset.dtype) else torch.float32
     if output_dtype is None:
         output_dtype = q.dtype if q.is_floating_point() else scale.dtype
+    _check_out(out, q, output_dtype)
+    offset = torch.broadcast_to(offset, scale.shape)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or scale.requires_grad or offset.requires_grad)
+    if out is not None and needs_grad:
+        raise RuntimeError("out= does not support autograd; call it under torch.no_grad() or without out=")
+    native_ok = not needs_grad and q.device.type == "cpu" and output_dtype == q.dtype and native.supports(q.dtype)
+    psb = layout.psb() if native_ok and q.numel() > 0 else None
+    if psb is not None and native.library() is not None:
+        flat = lambda t: t.detach().to(cdt).contiguous().reshape(-1)  # noqa: E731
+        y, _ = native.forward(native.DQ, q.contiguous(), psb, flat(scale), flat(offset), 0.0, 0.0,
+                              out=out if out is not None and out.is_contiguous() else None)
+        y = y.view(q.shape)
+        return out.copy_(y) if out is not None and y.data_ptr() != out.data_ptr() else y
     s = layout.scale_to_blocks(scale.to(cdt))
-    o = layout.scale_to_blocks(torch.broadcast_to(offset, scale.shape).to(cdt))
-    out = (layout.to_blocks(q.to(cdt)) + o) * s
-    return layout.from_blocks(out).to(output_dtype)
+    o = layout.scale_to_blocks(offset.to(cdt))
+    y = layout.from_blocks((layout.to_blocks(q.to(cdt)) + o) * s)
+    return out.copy_(y) if out is not None else y.to(output_dtype)

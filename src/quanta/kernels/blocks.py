@@ -17,6 +17,7 @@ every kernel agrees on it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -104,6 +105,42 @@ class BlockLayout:
         if self.is_broadcast:
             return tuple(range(lead)) + tuple(lead + d for d, s in enumerate(self.scale_shape) if s == 1)
         return tuple(range(lead)) + tuple(lead + 2 * d + 1 for d in range(len(self.scale_shape)))
+
+    def psb(self) -> tuple[int, int, int] | None:
+        """The layout as ``(P, S, B)``: element ``(p, s, b)`` of the contiguous input uses scale entry ``s``.
+
+        Covers per-tensor, per-channel on any one run of dimensions and per-block
+        along one dimension, with leading broadcast dims. None for layouts with
+        blocks in two separated dimensions (the kernels then take their general path).
+
+        >>> resolve_layout((2, 6, 16), (6, 4), (1, 4)).psb()
+        (2, 24, 4)
+        >>> resolve_layout((6, 16), (1, 16), None).psb()
+        (6, 16, 1)
+        """
+        lead = len(self.input_shape) - len(self.scale_shape)
+        dims = [(d, False) for d in self.input_shape[:lead]]
+        for s, b in zip(self.scale_shape, self.block_size):
+            dims += [(s, True), (b, False)]
+        merged: list[list] = []
+        for size, is_scale in dims:
+            if size == 1:
+                continue
+            if merged and merged[-1][1] == is_scale:
+                merged[-1][0] *= size
+            else:
+                merged.append([size, is_scale])
+        kinds = [k for _, k in merged]
+        if kinds.count(True) > 1:
+            return None
+        if True not in kinds:  # one scale entry
+            return (1, 1, math.prod(size for size, _ in merged))
+        i = kinds.index(True)
+        if i > 1 or len(merged) - i > 2:
+            return None
+        p = merged[0][0] if i == 1 else 1
+        b = merged[i + 1][0] if i + 1 < len(merged) else 1
+        return (p, merged[i][0], b)
 
     def expand_scale(self, t: torch.Tensor) -> torch.Tensor:
         """Repeat a scale-shaped tensor to the input's shape (used by reference code)."""

@@ -1,0 +1,194 @@
+"""Native (C++) affine kernels: one pass over memory, built on first use.
+
+``affine.cpp`` beside this file is compiled with the system C++ compiler the
+first time a kernel is needed (never at import), cached under
+``$QUANTA_CACHE_DIR`` (default ``~/.cache/quanta``) keyed by a hash of the
+source, the flags and the CPU, and loaded with :mod:`ctypes`. It includes no
+torch headers, so the build takes seconds and needs nothing but ``g++``.
+
+If there is no compiler, the build fails, or ``QUANTA_NATIVE=0`` is set, the
+kernels in :mod:`quanta.kernels.affine` run their eager PyTorch path instead,
+with the same bits (tested). :func:`status` says which is in use and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from typing import Iterator
+
+import torch
+
+__all__ = ["library", "status", "disabled", "supports", "forward", "backward", "QDQ", "Q", "DQ"]
+
+QDQ, Q, DQ = 0, 1, 2
+_DTYPE_CODE = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+_SOURCE = pathlib.Path(__file__).with_name("affine.cpp")
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared",
+          "-std=c++17"]
+_ABI_VERSION = 1
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_state = "not loaded yet"
+
+
+def _cache_dir() -> pathlib.Path:
+    root = os.environ.get("QUANTA_CACHE_DIR")
+    if root:
+        return pathlib.Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache") / "quanta"
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(compiler: str) -> pathlib.Path:
+    source = _SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([source, " ".join(_FLAGS).encode(), version.encode(),
+                                     _cpu_signature().encode(), platform.machine().encode()])).hexdigest()[:16]
+    target = _cache_dir() / f"libquanta_affine_{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", tmp], capture_output=True, text=True,
+                              timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)  # atomic: concurrent builders (e.g. DDP ranks) never see half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _state
+    if os.environ.get("QUANTA_NATIVE", "1") == "0":
+        _state = "disabled by QUANTA_NATIVE=0"
+        return None
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        _state = "no C++ compiler found (install g++ or set CXX)"
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+        if lib.quanta_abi_version() != _ABI_VERSION:
+            raise RuntimeError("stale library (ABI version mismatch)")
+    except Exception as e:  # any failure means: use the eager path, and say why once
+        _state = f"build or load failed: {e}"
+        warnings.warn(f"quanta: native kernels unavailable ({_state}); using the eager PyTorch path",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    i64, dbl, vp, i32 = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_int
+    lib.quanta_affine_forward.argtypes = [i32, i32, i32, vp, vp, vp, i64, i64, i64, vp, vp, dbl, dbl, i32]
+    lib.quanta_affine_forward.restype = i32
+    lib.quanta_affine_backward.argtypes = [i32, i32, i32, vp, vp, vp, i64, i64, i64, vp, vp, dbl, dbl, vp, vp, i32]
+    lib.quanta_affine_backward.restype = i32
+    _state = "native"
+    return lib
+
+
+_disabled = threading.local()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Inside the block (this thread only), kernels take their eager PyTorch path.
+
+    For comparisons and tests: both paths must give the same bits.
+    """
+    depth = getattr(_disabled, "depth", 0)
+    _disabled.depth = depth + 1
+    try:
+        yield
+    finally:
+        _disabled.depth = depth
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded native library, building it on first call; None if unavailable or disabled."""
+    global _lib, _state
+    if getattr(_disabled, "depth", 0):
+        return None
+    if _state == "not loaded yet":
+        with _lock:
+            if _state == "not loaded yet":
+                _lib = _load()
+    return _lib
+
+
+def status() -> str:
+    """``"native"``, or why the eager path is used (``"not loaded yet"`` before first use)."""
+    return _state
+
+
+def _reset_for_tests() -> None:
+    global _lib, _state
+    with _lock:
+        _lib, _state = None, "not loaded yet"
+
+
+def supports(dtype: torch.dtype) -> bool:
+    return dtype in _DTYPE_CODE
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def forward(mode: int, x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tensor, offset: torch.Tensor,
+            qmin: float, qmax: float, *, out: torch.Tensor | None = None, want_mask: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run one forward kernel on contiguous ``x``; ``scale``/``offset`` are contiguous in the compute dtype."""
+    lib = library()
+    assert lib is not None and x.is_contiguous()
+    y = torch.empty_like(x) if out is None else out
+    mask = torch.empty(x.shape, dtype=torch.bool) if want_mask else None
+    wide = scale.dtype == torch.float64 and x.dtype != torch.float64
+    rc = lib.quanta_affine_forward(mode, _DTYPE_CODE[x.dtype], int(wide), _ptr(x), _ptr(y), _ptr(mask), *psb,
+                                   _ptr(scale), _ptr(offset), float(qmin), float(qmax), torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"quanta native forward failed with code {rc}")
+    return y, mask
+
+
+def backward(mode: int, grad: torch.Tensor, x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tensor,
+             offset: torch.Tensor, qmin: float, qmax: float, *, want_dx: bool
+             ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Backward of QDQ or Q: ``dx`` (or None) and float64 sums per scale entry for scale and offset."""
+    lib = library()
+    assert lib is not None and x.is_contiguous() and grad.is_contiguous() and grad.dtype == x.dtype
+    dx = torch.empty_like(x) if want_dx else None
+    s_count = psb[1]
+    ds = torch.empty(s_count, dtype=torch.float64)
+    do = torch.empty(s_count, dtype=torch.float64)
+    wide = scale.dtype == torch.float64 and x.dtype != torch.float64
+    rc = lib.quanta_affine_backward(mode, _DTYPE_CODE[x.dtype], int(wide), _ptr(grad), _ptr(x), _ptr(dx), *psb,
+                                    _ptr(scale), _ptr(offset), float(qmin), float(qmax), _ptr(ds), _ptr(do),
+                                    torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"quanta native backward failed with code {rc}")
+    return dx, ds, do
