@@ -109,7 +109,7 @@ class AffinePlan:
     it per input shape), so the per-call work is the kernel alone.
     """
 
-    __slots__ = ("layout", "cdt", "qmin", "qmax", "psb", "dtype")
+    __slots__ = ("layout", "cdt", "qmin", "qmax", "psb", "dtype", "_native_args")
 
     def __init__(self, layout: BlockLayout, grid: IntegerGrid, dtype: torch.dtype, device: torch.device,
                  out_dtype: torch.dtype) -> None:
@@ -120,10 +120,15 @@ class AffinePlan:
         native_ok = device.type == "cpu" and out_dtype == dtype and native.supports(dtype)
         psb = layout.psb() if native_ok and math.prod(layout.input_shape) > 0 else None
         self.psb = psb if psb is not None and native.library() is not None else None
+        self._native_args = None if self.psb is None else native.Call(dtype, self.cdt, self.psb, self.qmin, self.qmax)
 
     def flat(self, t: torch.Tensor) -> torch.Tensor:
         """A scale/offset tensor as the native kernel wants it: contiguous, 1-D, compute dtype."""
         return t.detach().to(self.cdt).contiguous().reshape(-1)
+
+    def native_call(self) -> "native.Call | None":
+        """The prepared native call, or None where the eager path runs (incl. inside ``native.disabled()``)."""
+        return self._native_args if self._native_args is not None and native.library() is not None else None
 
 
 def plan(x: torch.Tensor, scale_shape, grid: IntegerGrid, block_size, out_dtype: torch.dtype | None = None
@@ -134,16 +139,16 @@ def plan(x: torch.Tensor, scale_shape, grid: IntegerGrid, block_size, out_dtype:
 
 
 def forward_raw(mode: int, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, p: AffinePlan,
-                out_dtype: torch.dtype, *, want_mask: bool = False, out: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """QDQ or Q without autograd: ``(result, inside-mask or None)``. ``offset`` has ``scale``'s shape."""
-    if p.psb is not None and native.library() is not None:
-        y, mask = native.forward(mode, x.contiguous(), p.psb, p.flat(scale), p.flat(offset), p.qmin, p.qmax,
-                                 out=out if out is not None and out.is_contiguous() else None, want_mask=want_mask)
-        y = y.view(x.shape)
-        if out is not None and y.data_ptr() != out.data_ptr():
-            y = out.copy_(y)
-        return y, None if mask is None else mask.view(x.shape)
+                out_dtype: torch.dtype, *, want_mask: bool = False, out: torch.Tensor | None = None,
+                flat: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """QDQ or Q without autograd: ``(result, inside-mask or None)``. ``offset`` has ``scale``'s shape.
+
+    ``flat``, if given, is ``(p.flat(scale), p.flat(offset))`` precomputed by the caller.
+    """
+    call = p.native_call()
+    if call is not None:
+        fs, fo = flat if flat is not None else (p.flat(scale), p.flat(offset))
+        return call.forward(mode, x, fs, fo, want_mask=want_mask, out=out)
     layout = p.layout
     s = layout.scale_to_blocks(scale.detach().to(p.cdt))
     o = layout.scale_to_blocks(offset.detach().to(p.cdt))
@@ -160,9 +165,9 @@ def backward_raw(mode: int, grad: torch.Tensor, x: torch.Tensor, scale: torch.Te
                  p: AffinePlan, need: tuple[bool, bool, bool]
                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Gradients of QDQ or Q w.r.t. input, scale and offset (see the module docstring)."""
-    if p.psb is not None and grad.dtype == x.dtype and native.library() is not None:
-        dx, ds, do = native.backward(mode, grad.contiguous(), x.detach().contiguous(), p.psb, p.flat(scale),
-                                     p.flat(offset), p.qmin, p.qmax, want_dx=need[0])
+    call = p.native_call()
+    if call is not None and grad.dtype == x.dtype:
+        dx, ds, do = call.backward(mode, grad, x.detach(), p.flat(scale), p.flat(offset), want_dx=need[0])
         return (None if dx is None else dx.view(x.shape),
                 ds.reshape(scale.shape).to(scale.dtype) if need[1] else None,
                 do.reshape(offset.shape).to(offset.dtype) if need[2] else None)
@@ -338,10 +343,8 @@ def dequantize(
     psb = layout.psb() if native_ok and q.numel() > 0 else None
     if psb is not None and native.library() is not None:
         flat = lambda t: t.detach().to(cdt).contiguous().reshape(-1)  # noqa: E731
-        y, _ = native.forward(native.DQ, q.contiguous(), psb, flat(scale), flat(offset), 0.0, 0.0,
-                              out=out if out is not None and out.is_contiguous() else None)
-        y = y.view(q.shape)
-        return out.copy_(y) if out is not None and y.data_ptr() != out.data_ptr() else y
+        call = native.Call(q.dtype, cdt, psb, 0, 0)
+        return call.forward(native.DQ, q, flat(scale), flat(offset), out=out)[0]
     s = layout.scale_to_blocks(scale.to(cdt))
     o = layout.scale_to_blocks(offset.to(cdt))
     y = layout.from_blocks((layout.to_blocks(q.to(cdt)) + o) * s)

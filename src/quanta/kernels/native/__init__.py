@@ -28,7 +28,7 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["library", "status", "disabled", "supports", "forward", "backward", "QDQ", "Q", "DQ"]
+__all__ = ["library", "status", "disabled", "supports", "Call", "QDQ", "Q", "DQ"]
 
 QDQ, Q, DQ = 0, 1, 2
 _DTYPE_CODE = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -155,40 +155,53 @@ def supports(dtype: torch.dtype) -> bool:
     return dtype in _DTYPE_CODE
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
+class Call:
+    """A prepared kernel call for one (dtype, compute dtype, layout, grid): only pointers vary per call."""
 
+    __slots__ = ("dtype", "code", "wide", "psb", "qmin", "qmax")
 
-def forward(mode: int, x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tensor, offset: torch.Tensor,
-            qmin: float, qmax: float, *, out: torch.Tensor | None = None, want_mask: bool = False
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run one forward kernel on contiguous ``x``; ``scale``/``offset`` are contiguous in the compute dtype."""
-    lib = library()
-    assert lib is not None and x.is_contiguous()
-    y = torch.empty_like(x) if out is None else out
-    mask = torch.empty(x.shape, dtype=torch.bool) if want_mask else None
-    wide = scale.dtype == torch.float64 and x.dtype != torch.float64
-    rc = lib.quanta_affine_forward(mode, _DTYPE_CODE[x.dtype], int(wide), _ptr(x), _ptr(y), _ptr(mask), *psb,
-                                   _ptr(scale), _ptr(offset), float(qmin), float(qmax), torch.get_num_threads())
-    if rc:
-        raise RuntimeError(f"quanta native forward failed with code {rc}")
-    return y, mask
+    def __init__(self, dtype: torch.dtype, cdt: torch.dtype, psb: tuple[int, int, int], qmin: float,
+                 qmax: float) -> None:
+        self.dtype = dtype
+        self.code = _DTYPE_CODE[dtype]
+        self.wide = int(cdt == torch.float64 and dtype != torch.float64)
+        self.psb = psb
+        self.qmin, self.qmax = float(qmin), float(qmax)
 
+    def forward(self, mode: int, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, *,
+                want_mask: bool = False, out: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``y`` (and the bool inside-mask) for ``x``; ``scale``/``offset`` flat, contiguous, compute dtype."""
+        lib = library()
+        assert lib is not None
+        xc = x if x.is_contiguous() else x.contiguous()
+        y = out if out is not None and out.is_contiguous() else torch.empty(x.shape, dtype=x.dtype)
+        mask = torch.empty(x.shape, dtype=torch.bool) if want_mask else None
+        P, S, B = self.psb
+        rc = lib.quanta_affine_forward(mode, self.code, self.wide, xc.data_ptr(), y.data_ptr(),
+                                       None if mask is None else mask.data_ptr(), P, S, B, scale.data_ptr(),
+                                       offset.data_ptr(), self.qmin, self.qmax, torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"quanta native forward failed with code {rc}")
+        if out is not None and y is not out:
+            y = out.copy_(y)
+        return y, mask
 
-def backward(mode: int, grad: torch.Tensor, x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tensor,
-             offset: torch.Tensor, qmin: float, qmax: float, *, want_dx: bool
-             ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """Backward of QDQ or Q: ``dx`` (or None) and float64 sums per scale entry for scale and offset."""
-    lib = library()
-    assert lib is not None and x.is_contiguous() and grad.is_contiguous() and grad.dtype == x.dtype
-    dx = torch.empty_like(x) if want_dx else None
-    s_count = psb[1]
-    ds = torch.empty(s_count, dtype=torch.float64)
-    do = torch.empty(s_count, dtype=torch.float64)
-    wide = scale.dtype == torch.float64 and x.dtype != torch.float64
-    rc = lib.quanta_affine_backward(mode, _DTYPE_CODE[x.dtype], int(wide), _ptr(grad), _ptr(x), _ptr(dx), *psb,
-                                    _ptr(scale), _ptr(offset), float(qmin), float(qmax), _ptr(ds), _ptr(do),
-                                    torch.get_num_threads())
-    if rc:
-        raise RuntimeError(f"quanta native backward failed with code {rc}")
-    return dx, ds, do
+    def backward(self, mode: int, grad: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+                 *, want_dx: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """``dx`` (or None) and float64 sums per scale entry of the scale and offset gradients."""
+        lib = library()
+        assert lib is not None and grad.dtype == x.dtype
+        gc = grad if grad.is_contiguous() else grad.contiguous()
+        xc = x if x.is_contiguous() else x.contiguous()
+        dx = torch.empty(x.shape, dtype=x.dtype) if want_dx else None
+        P, S, B = self.psb
+        ds = torch.empty(S, dtype=torch.float64)
+        do = torch.empty(S, dtype=torch.float64)
+        rc = lib.quanta_affine_backward(mode, self.code, self.wide, gc.data_ptr(), xc.data_ptr(),
+                                        None if dx is None else dx.data_ptr(), P, S, B, scale.data_ptr(),
+                                        offset.data_ptr(), self.qmin, self.qmax, ds.data_ptr(), do.data_ptr(),
+                                        torch.get_num_threads())
+        if rc:
+            raise RuntimeError(f"quanta native backward failed with code {rc}")
+        return dx, ds, do

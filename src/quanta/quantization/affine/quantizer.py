@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -17,6 +18,10 @@ from torch import nn
 from quanta.encodings.affine import AffineEncoding
 from quanta.grids.affine import MAX_BITWIDTH, GridProperties, resolve_grid
 from quanta.kernels import affine as kernels
+from quanta.kernels.affine import QDQ as QUANTIZE_DEQUANTIZE
+from quanta.kernels.affine import Q as QUANTIZE
+from quanta.kernels.affine import AffinePlan, plan
+from quanta.kernels.range_affine import RangeCall, range_affine
 from quanta.kernels.blocks import check_block_size, resolve_layout
 from quanta.kernels.qparams import (
     calibrated_range,
@@ -96,6 +101,8 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         self.max = nn.Parameter(torch.zeros(self.shape))
         self._dynamic_range: tuple[torch.Tensor, torch.Tensor] | None = None
         self._assigned: set[str] = set()  # min/max replaced by assignment since construction
+        self._qcache: _QParams | None = None  # scale/offset of the current range, no autograd graph
+        self._plans: dict[tuple, AffinePlan] = {}  # per (input shape, dtype, device)
 
     # -- encoding parameters ----------------------------------------------------
     def _range(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -257,14 +264,57 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         resolve_layout(x.shape, self.shape, self.block_size)  # clear error before any work
         return x
 
+    def _qparams(self) -> "_QParams":
+        """Scale and offset of the current range, cached while ``min``/``max`` hold the same values."""
+        c = self._qcache
+        mn, mx = self.min, self.max
+        if c is not None and c.matches(mn, mx):
+            return c
+        with torch.no_grad():
+            scale = scale_from_range(mn, mx, self.grid)
+            offset = offset_from_range(mn, scale, self.grid, self.symmetric)
+        c = self._qcache = _QParams(mn, mx, scale, offset)
+        return c
+
+    def _plan(self, x: torch.Tensor) -> AffinePlan:
+        key = (x.shape, x.dtype, x.device)
+        p = self._plans.get(key)
+        if p is None:
+            if len(self._plans) >= 16:
+                self._plans.clear()
+            p = self._plans[key] = plan(x, self.shape, self.grid, self.block_size, self._out_dtype(x.dtype))
+        return p
+
     def forward(self, input: torch.Tensor) -> QuantizedTensorBase:
-        x = self._prepare_input(input)
+        x = input if type(input) is torch.Tensor and input.is_floating_point() else self._prepare_input(input)
         if self._calibrating:
             with self._batch_range(x):
-                return self._apply(x, self._encoding_for(x))
-        return self._apply(x, self._encoding_for(x))
+                enc = self._encoding_for(x)
+                return self._wrap_output(self._kernel(x, enc.scale, enc.offset), enc)
+        # The hot path: plain dict lookups instead of nn.Module.__getattr__, cached plans and qparams.
+        params = self._parameters
+        mn, mx = params["min"], params["max"]
+        if not self._buffers["_initialized"]:
+            self._encoding_for(x)  # raises the uninitialised error
+        c = self._qcache
+        if c is None or not c.matches(mn, mx):
+            c = self._qparams()
+        p = self._plans.get((x.shape, x.dtype, x.device)) or self._plan(x)
+        call = c.calls.get(p)
+        if call is None:
+            call = c.calls[p] = RangeCall(self._mode, p, self._out_dtype(x.dtype), self.grid, self.symmetric,
+                                          c.scale, c.offset)
+        return self._wrap_output(range_affine(x, mn, mx, call), _LiveEncoding(self, c))
 
-    def _apply(self, x: torch.Tensor, enc: AffineEncoding) -> QuantizedTensorBase:
+    _mode: int
+
+    def _out_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def _kernel(self, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _wrap_output(self, y: torch.Tensor, enc: AffineEncoding) -> QuantizedTensorBase:
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -288,6 +338,8 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_dynamic_range"] = None
+        state["_qcache"] = None
+        state["_plans"] = {}
         return state
 
 
@@ -305,8 +357,16 @@ class Quantize(AffineQuantizerBase):
     QuantizedTensor([ 26., -23.,   2.], grad_fn=<AliasBackward0>)
     """
 
-    def _apply(self, x: torch.Tensor, enc: AffineEncoding) -> QuantizedTensor:
-        return QuantizedTensor._wrap(kernels.quantize(x, enc.scale, enc.offset, enc.grid, enc.block_size), enc)
+    _mode = QUANTIZE
+
+    def _out_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return kernels.codes_dtype(dtype, self.grid)
+
+    def _kernel(self, x, scale, offset):
+        return kernels.quantize(x, scale, offset, self.grid, self.block_size)
+
+    def _wrap_output(self, y, enc):
+        return QuantizedTensor._wrap(y, enc)
 
 
 class QuantizeDequantize(AffineQuantizerBase):
@@ -330,6 +390,67 @@ class QuantizeDequantize(AffineQuantizerBase):
     True
     """
 
-    def _apply(self, x: torch.Tensor, enc: AffineEncoding) -> DequantizedTensor:
-        out = kernels.quantize_dequantize(x, enc.scale, enc.offset, enc.grid, enc.block_size)
-        return DequantizedTensor._wrap(out, enc)
+    _mode = QUANTIZE_DEQUANTIZE
+
+    def _kernel(self, x, scale, offset):
+        return kernels.quantize_dequantize(x, scale, offset, self.grid, self.block_size)
+
+    def _wrap_output(self, y, enc):
+        return DequantizedTensor._wrap(y, enc)
+
+
+class _QParams:
+    """Scale and offset computed (without a graph) from a snapshot of ``min``/``max``."""
+
+    __slots__ = ("min", "max", "scale", "offset", "calls")
+
+    def __init__(self, mn: torch.Tensor, mx: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> None:
+        self.min, self.max = mn.detach().clone(), mx.detach().clone()
+        self.scale, self.offset = scale, offset
+        self.calls: dict[AffinePlan, RangeCall] = {}  # prepared kernel calls per input plan
+
+    def matches(self, mn: torch.Tensor, mx: torch.Tensor) -> bool:
+        # Values, not version counters: writes through `.data` do not bump versions.
+        return (mn.device == self.min.device and torch.equal(mn.detach(), self.min)
+                and torch.equal(mx.detach(), self.max))
+
+
+class _LiveEncoding(AffineEncoding):
+    """The encoding of a quantizer's output, built on first access.
+
+    Values are those used for the output. If the quantizer still has that range
+    and autograd is on, scale and offset come with their graph to ``min``/``max``
+    (as ``quantizer.get_scale()`` would, e.g. ``grad_fn=<DivBackward0>``).
+    Pickling or copying gives a plain :class:`AffineEncoding`.
+    """
+
+    def __init__(self, quantizer: AffineQuantizerBase, qparams: _QParams) -> None:  # noqa: D107
+        self._quantizer = weakref.ref(quantizer)
+        self._qparams = qparams
+        self.grid = quantizer.grid
+        self.block_size = quantizer.block_size
+        self._values: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _materialize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._values is None:
+            q = self._quantizer()
+            c = self._qparams
+            if q is not None and torch.is_grad_enabled() and q._qparams() is c:
+                enc = q.get_encodings()
+                assert enc is not None
+                self._values = (enc.scale, enc.offset)
+            else:
+                self._values = (c.scale, c.offset)
+        return self._values
+
+    @property  # type: ignore[override]
+    def scale(self) -> torch.Tensor:
+        return self._materialize()[0]
+
+    @property  # type: ignore[override]
+    def offset(self) -> torch.Tensor:
+        return self._materialize()[1]
+
+    def __reduce__(self):
+        scale, offset = self._materialize()
+        return (AffineEncoding, (scale, offset, self.grid, False, self.block_size))

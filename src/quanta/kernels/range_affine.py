@@ -1,0 +1,84 @@
+"""Affine quantization parameterised by a learnable range ``[min, max]`` in one autograd node.
+
+A quantizer module with ``min``/``max`` parameters could compute scale and offset
+with a dozen small autograd ops on every call. Instead, the caller computes them
+once without a graph (and caches them while the range is unchanged), and this
+function runs the kernel as a single autograd node. Backward rebuilds the small
+scale/offset graph from ``min``/``max`` (:mod:`quanta.kernels.qparams`, the same
+formulas) and pushes the kernel's scale and offset gradients through it, so the
+gradients equal those of the long way round.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quanta.grids.affine import IntegerGrid
+from quanta.kernels.affine import QDQ, AffinePlan, backward_raw, forward_raw
+from quanta.kernels.qparams import offset_from_range, scale_from_range
+
+__all__ = ["range_affine", "RangeCall"]
+
+
+class RangeCall:
+    """One quantizer call's constants: plan, grid, and scale/offset precomputed from ``[min, max]``."""
+
+    __slots__ = ("mode", "plan", "out_dtype", "grid", "symmetric", "scale", "offset", "flat")
+
+    def __init__(self, mode: int, p: AffinePlan, out_dtype: torch.dtype, grid: IntegerGrid, symmetric: bool,
+                 scale: torch.Tensor, offset: torch.Tensor) -> None:
+        self.mode, self.plan, self.out_dtype = mode, p, out_dtype
+        self.grid, self.symmetric = grid, symmetric
+        self.scale, self.offset = scale, offset
+        self.flat = (p.flat(scale), p.flat(offset))
+
+
+class _RangeAffine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, mn, mx, call):  # type: ignore[override]
+        needs_x = ctx.needs_input_grad[0]
+        needs_range = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        use_mask = call.mode == QDQ and needs_x and not needs_range
+        y, mask = forward_raw(call.mode, x, call.scale, call.offset, call.plan, call.out_dtype,
+                              want_mask=use_mask, flat=call.flat)
+        if use_mask:
+            ctx.save_for_backward(mask)
+        elif needs_x or needs_range:
+            ctx.save_for_backward(x, mn, mx)
+        ctx.call, ctx.use_mask = call, use_mask
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        call = ctx.call
+        if ctx.use_mask:
+            (inside,) = ctx.saved_tensors
+            return torch.where(inside, grad, 0.0), None, None, None
+        x, mn, mx = ctx.saved_tensors
+        needs_range = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        dx, ds, do = backward_raw(call.mode, grad, x, call.scale, call.offset, call.plan,
+                                  (ctx.needs_input_grad[0], needs_range, needs_range and not call.symmetric))
+        dmin = dmax = None
+        if needs_range:
+            with torch.enable_grad():
+                a = mn.detach().requires_grad_()
+                b = mx.detach().requires_grad_()
+                s = scale_from_range(a, b, call.grid)
+                outputs, grads = [s], [ds.to(s.dtype)]
+                if do is not None:
+                    outputs.append(offset_from_range(a, s, call.grid, call.symmetric))
+                    grads.append(do.to(s.dtype))
+                dmin, dmax = torch.autograd.grad(outputs, (a, b), grads, allow_unused=True)
+            dmin = torch.zeros_like(mn) if dmin is None else dmin.to(mn.dtype)
+            dmax = torch.zeros_like(mx) if dmax is None else dmax.to(mx.dtype)
+        return dx, dmin, dmax, None
+
+
+def range_affine(x: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor, call: RangeCall) -> torch.Tensor:
+    """QDQ or Q of ``x`` with the scale/offset of ``call`` (computed from ``[mn, mx]``); gradients reach both.
+
+    Without autograd this is a plain kernel call.
+    """
+    if torch.is_grad_enabled() and (x.requires_grad or mn.requires_grad or mx.requires_grad):
+        return _RangeAffine.apply(x, mn, mx, call)
+    return forward_raw(call.mode, x, call.scale, call.offset, call.plan, call.out_dtype, flat=call.flat)[0]
