@@ -26,9 +26,13 @@ Encoding
   rebuilds the tensor bit for bit (float32/16/bfloat16/float8 alike; signed
   zeros kept as ``-0x0p+0``).
 * Tensors: ``{"dtype", "shape", "values"}``, values flat row-major.  Integer
-  and bool tensors hold JSON ints; float tensors hold hex strings.  float8
-  tensors also carry ``"bits"`` (the raw uint8 codes) so NaN encodings are
-  unambiguous.
+  and bool tensors hold JSON ints; float tensors hold hex strings.  A float8
+  tensor that contains NaN also carries ``"bits"`` (the raw uint8 codes), so
+  its NaN encodings (0x7f / 0xff) are unambiguous.
+* ``dq`` is omitted where ``dq_matches_formula`` is true and the case is not
+  one of the kept ones: the generator checked that torchao's dequantize equals
+  ``float32(float32(q - zp) * float32(scale))`` bit for bit (float8:
+  ``float32(q) * scale``); it is always stored when that check fails.
 * ``"input": "<name>"`` (a string) refers to ``inputs[<name>]``; per-dtype
   inputs are stored already cast (``<base>/<dtype>``).
 * An operation that raised is recorded as ``{"error": "<Type>: <message>"}``
@@ -681,8 +685,10 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
     # ------------------------------------------------------------- AffineQuantizedTensor
     aqt_cases: list[dict] = []
 
-    def aqt_case(cid, ctor, inp_name, fn, args_desc):
+    def aqt_case(cid, ctor, inp_name, fn, args_desc, note=None):
         case = {"id": cid, "constructor": ctor, "input": inp_name, "args": args_desc}
+        if note:
+            case["note"] = note
         try:
             t = fn(_input_tensors[inp_name])
             impl = t.tensor_impl
@@ -725,10 +731,10 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
                      "floatx/bfloat16/float8_e4m3fn/per_row", "fpx/bfloat16/e3m2",
                      "intx_static/bfloat16/int8")
 
-        def aqt_case(cid, *a, _inner=aqt_case):
+        def aqt_case(cid, *a, _inner=aqt_case, **kw):
             if D == "bfloat16" and not any(cid == k or cid.startswith(k + "/") for k in BF16_KEEP):
                 return
-            _inner(cid, *a)
+            _inner(cid, *a, **kw)
         aqt_case(f"intx/{D}/int8/SYM/per_row", "from_hp_to_intx", n2,
                  lambda v: AQT.from_hp_to_intx(v, MT.SYMMETRIC, (1, 16), torch.int8),
                  {"mapping_type": "SYMMETRIC", "block_size": [1, 16], "target_dtype": "int8"})
@@ -794,7 +800,11 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
         for e, m in FPX:
             aqt_case(f"fpx/{D}/e{e}m{m}", "from_hp_to_fpx", n2,
                      lambda v, e=e, m=m: AQT.from_hp_to_fpx(v, FloatxTensorCoreLayout(e, m)),
-                     {"_layout": f"FloatxTensorCoreLayout({e}, {m})"})
+                     {"_layout": f"FloatxTensorCoreLayout({e}, {m})"},
+                     note="tensor-core packing asserts M % 64 == 0 and N % 64 == 0 (and <= 7 bits); "
+                          "on a 64x64 input the unpacked codes/scale equal _choose_qparams_affine_floatx"
+                          " + _quantize_affine_floatx (see fpx_affine) and block_size is recorded as "
+                          "[M, 1] although the scale is per row")
 
     # ------------------------------------------------------------------ assemble
     out = {
@@ -805,7 +815,9 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
             "float_encoding": "float.fromhex strings (exact; trailing mantissa zeros stripped; "
                               "'inf','-inf','nan')",
             "tensor_encoding": "{dtype, shape, values(row-major flat)}; ints as JSON ints, floats as "
-                               "hex strings; float8 tensors add 'bits' (raw uint8 codes)",
+                               "hex strings; float8 tensors holding NaN add 'bits' (raw uint8)",
+            "dq_omission": "dq omitted when dq_matches_formula: float32(float32(q-zp)*scale) "
+                           "(float8: float32(q)*scale), verified bit for bit by the generator",
             "input_refs": "a string 'input' names an entry of 'inputs' (already cast to its dtype)",
             "errors": "an exception is recorded as 'error': '<Type>: <first line>'",
             "defaults": {

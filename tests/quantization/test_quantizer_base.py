@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 import quanta.quantization as Q
@@ -40,7 +41,6 @@ def test_assigning_min_and_max_parameters_initialises_like_aimet():
 
 def test_assigning_wrong_parameters_is_rejected():
     q = Q.affine.Quantize(shape=(2,), bitwidth=8)
-    import pytest
 
     with pytest.raises(ValueError, match="shape"):
         q.min = torch.nn.Parameter(torch.zeros(3))
@@ -49,7 +49,6 @@ def test_assigning_wrong_parameters_is_rejected():
 
 
 def test_nested_compute_encodings_is_an_error():
-    import pytest
 
     q = Q.affine.QuantizeDequantize(shape=(), bitwidth=8)
     with q.compute_encodings():
@@ -58,3 +57,55 @@ def test_nested_compute_encodings_is_an_error():
             with q.compute_encodings():
                 pass
     assert q.is_initialized()
+
+
+def test_cached_qparams_follow_every_kind_of_range_write():
+    q = Q.affine.QuantizeDequantize(shape=(), bitwidth=8)
+    q.set_range(-1.0, 1.0)
+    x = torch.linspace(-3, 3, 101)
+    before = q(x).as_subclass(torch.Tensor).detach()
+    q.max.data.copy_(torch.tensor(3.0))  # a write through .data does not bump the version counter
+    after = q(x).as_subclass(torch.Tensor).detach()
+    assert after.max().item() == pytest.approx(3.0, abs=0.02) and before.max().item() < 1.1
+    with torch.no_grad():
+        q.min.fill_(-3.0)
+    assert q(x).as_subclass(torch.Tensor).min().item() == pytest.approx(-3.0, abs=0.02)
+    q.min = torch.nn.Parameter(torch.tensor(-0.5))
+    q.max = torch.nn.Parameter(torch.tensor(0.5))
+    assert q(x).as_subclass(torch.Tensor).max().item() < 0.55
+
+
+def test_output_encoding_is_the_one_used_even_after_the_range_changes():
+    q = Q.affine.QuantizeDequantize(shape=(), bitwidth=8)
+    q.set_range(-1.0, 1.0)
+    y = q(torch.randn(10))
+    q.set_range(-4.0, 4.0)
+    assert y.encoding.scale.item() == pytest.approx(2 / 255)
+    assert y.encoding.scale.grad_fn is None  # a snapshot: the quantizer has moved on
+    z = q(torch.randn(10))
+    assert z.encoding.scale.item() == pytest.approx(8 / 255)
+    assert z.encoding.scale.grad_fn is not None  # still current: carries the graph to min/max
+
+
+def test_module_gradients_equal_the_long_way_round():
+    # the single autograd node must give the gradients of composing qparams ops with the kernel
+    from quanta.kernels import affine as K
+    from quanta.kernels.qparams import offset_from_range, scale_from_range
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 10, generator=gen) * 2
+    up = torch.randn(6, 10, generator=gen)
+    q = Q.affine.QuantizeDequantize(shape=(6, 1), bitwidth=4, symmetric=False)
+    with q.compute_encodings():
+        q(x * 0.7)
+    xa = x.clone().requires_grad_()
+    q(xa).backward(up)
+    mn = q.min.detach().clone().requires_grad_()
+    mx = q.max.detach().clone().requires_grad_()
+    xb = x.clone().requires_grad_()
+    s = scale_from_range(mn, mx, q.grid)
+    o = offset_from_range(mn, s, q.grid, False)
+    K.quantize_dequantize(xb, s, o, q.grid).backward(up)
+    assert torch.equal(xa.grad, xb.grad)
+    torch.testing.assert_close(q.min.grad, mn.grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(q.max.grad, mx.grad, rtol=1e-6, atol=1e-7)
