@@ -128,3 +128,19 @@ def test_dequantize_bad_input():
         Q.affine.dequantize(torch.tensor([True]), s, o)
     with pytest.raises(ValueError, match="scale must be positive"):
         Q.affine.dequantize(torch.tensor([1.0]), torch.tensor(-1.0), o)
+
+
+def test_out_buffers_and_in_place():
+    buf = torch.empty_like(x)
+    y = Q.affine.quantize_dequantize(x, s, o, bitwidth=8, out=buf)
+    assert y is buf or y.data_ptr() == buf.data_ptr()
+    assert torch.equal(buf, Q.affine.quantize_dequantize(x, s, o, bitwidth=8))
+    codes = torch.empty_like(x)
+    Q.affine.quantize(x, s, o, qmin=0, qmax=255, out=codes)
+    assert torch.equal(codes, Q.affine.quantize(x, s, o, bitwidth=8))
+    back = torch.empty_like(x)
+    Q.affine.dequantize(codes, s, o, out=back)
+    assert torch.equal(back, buf)
+    inplace = x.clone()
+    Q.affine.quantize_dequantize(inplace, s, o, bitwidth=8, out=inplace)
+    assert torch.equal(inplace, buf)

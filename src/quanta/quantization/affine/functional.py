@@ -8,6 +8,9 @@ Each function takes the grid in one of three forms:
 
 ``bitwidth`` is the only grid argument accepted by position; ``num_steps`` and
 ``qmin``/``qmax`` are keyword-only, so a call is never read by guessing types.
+Every function also takes ``out=`` (a tensor of the result's shape and dtype,
+possibly the input itself) to write into a reused buffer; ``out=`` does not
+support autograd.
 Formulas (``offset = -zero_point``, ``round`` half to even, true division)::
 
     quantize(x)           = clamp(round(x / scale) - offset, qmin, qmax)
@@ -98,10 +101,11 @@ def quantize(tensor: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, *a
     tensor([-8.,  3.,  7.])
     """
     x = _check_input(tensor)
+    out = kwargs.pop("out", None)
     grid, block_size = _parse(args, kwargs, "quantize")
     scale, offset = _as_param("scale", scale, x), _as_param("offset", offset, x)
     _check_scale(scale)
-    return kernels.quantize(x, scale, offset, grid, block_size)
+    return kernels.quantize(x, scale, offset, grid, block_size, out=out)
 
 
 def quantize_dequantize(
@@ -119,14 +123,20 @@ def quantize_dequantize(
             [1.0000, 3.0000]])
     """
     x = _check_input(tensor)
+    out = kwargs.pop("out", None)
     grid, block_size = _parse(args, kwargs, "quantize_dequantize")
     scale, offset = _as_param("scale", scale, x), _as_param("offset", offset, x)
     _check_scale(scale)
-    return kernels.quantize_dequantize(x, scale, offset, grid, block_size)
+    return kernels.quantize_dequantize(x, scale, offset, grid, block_size, out=out)
 
 
 def dequantize(
-    tensor: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, block_size: tuple[int, ...] | None = None
+    tensor: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor,
+    block_size: tuple[int, ...] | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""Dequantize codes: ``(tensor + offset) * scale``.
 
@@ -141,4 +151,4 @@ def dequantize(
     q = tensor.as_subclass(torch.Tensor) if type(tensor) is not torch.Tensor else tensor
     scale, offset = _as_param("scale", scale, q), _as_param("offset", offset, q)
     _check_scale(scale)
-    return kernels.dequantize(q, scale, offset, check_block_size(block_size))
+    return kernels.dequantize(q, scale, offset, check_block_size(block_size), out=out)
