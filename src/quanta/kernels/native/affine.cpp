@@ -1,11 +1,12 @@
 // quanta native affine kernels: one pass over memory for Q, DQ, QDQ and their backward.
 //
-// Plain C++ (no torch headers, so it compiles in about a second), called through ctypes.
+// Plain C++ (no torch headers, so it compiles in seconds), called through ctypes.
 // Numerics are exactly those of quanta/kernels/affine.py and the NumPy reference:
 //   Q(x)  = clamp(nearbyint(x / s) - o, qmin, qmax)    (true division, ties to even)
 //   DQ(q) = (q + o) * s
-// in the compute type C (float or double), storage converted with round-to-nearest-even.
-// Built with -ffp-contract=off and without -ffast-math, so every operation rounds as written.
+// in the compute type C (float or double); half/bfloat16 storage is converted to C and back
+// with round-to-nearest-even, as torch's .to() does. Built with -ffp-contract=off and without
+// -ffast-math, so every operation rounds as written.
 //
 // Layout: the input is contiguous and viewed as (P, S, B); element (p, s, b) uses scale[s].
 // Gradient sums are computed over a partition that depends only on the shape, never on the
@@ -14,86 +15,144 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
+#if defined(__F16C__)
+#include <immintrin.h>
 #endif
 
 namespace {
 
-struct F32 {
-  using S = float;
-  static inline float load(float v) { return v; }
-  template <class C> static inline float store(C v) { return static_cast<float>(v); }
-};
-struct F64 {
-  using S = double;
-  static inline double load(double v) { return v; }
-  template <class C> static inline double store(C v) { return static_cast<double>(v); }
-};
-struct F16 {
-  using S = _Float16;
-  static inline float load(_Float16 v) { return static_cast<float>(v); }
-  template <class C> static inline _Float16 store(C v) { return static_cast<_Float16>(v); }
-};
-struct BF16 {
-  using S = uint16_t;
-  static inline float load(uint16_t v) {
-    uint32_t u = static_cast<uint32_t>(v) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  static inline uint16_t from_float(float f) {
-    // torch's float -> bfloat16: round to nearest even, NaN -> 0x7FC0
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if (f != f) return 0x7FC0;
-    uint32_t bias = ((u >> 16) & 1u) + 0x7FFFu;
-    return static_cast<uint16_t>((u + bias) >> 16);
-  }
-  template <class C> static inline uint16_t store(C v) { return from_float(static_cast<float>(v)); }
-};
+// ------------------------------------------------------------------------------------------ storage
 
-enum Mode { QDQ = 0, Q = 1, DQ = 2 };
+struct F32 { using S = float; };
+struct F64 { using S = double; };
+struct F16 { using S = uint16_t; };
+struct BF16 { using S = uint16_t; };
 
-constexpr int64_t kChunk = 16384;  // elements per forward work item
+inline float bf16_to_float(uint16_t v) {
+  uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
-template <class T, class C, int MODE>
-static inline void fwd_const(const typename T::S* __restrict x, typename T::S* __restrict y,
-                             uint8_t* __restrict mask, int64_t n, C s, C o, C qmin, C qmax) {
-  for (int64_t i = 0; i < n; ++i) {
-    C xv = static_cast<C>(T::load(x[i]));
-    C out;
-    if (MODE == DQ) {
-      out = (xv + o) * s;
-    } else {
-      C v = std::nearbyint(xv / s) - o;
-      if (mask) mask[i] = (v >= qmin) & (v <= qmax);
-      C q = v < qmin ? qmin : (v > qmax ? qmax : v);
-      out = MODE == Q ? q : (q + o) * s;
+inline uint16_t float_to_bf16(float f) {
+  // torch's float -> bfloat16: round to nearest even, NaN -> 0x7FC0 (branch-free, vectorizable)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t bias = ((u >> 16) & 1u) + 0x7FFFu;
+  uint16_t r = static_cast<uint16_t>((u + bias) >> 16);
+  return f != f ? static_cast<uint16_t>(0x7FC0) : r;
+}
+
+inline float f16_to_float(uint16_t v) {
+#if defined(__F16C__)
+  return _cvtsh_ss(v);
+#else
+  _Float16 h;
+  std::memcpy(&h, &v, 2);
+  return static_cast<float>(h);
+#endif
+}
+
+inline uint16_t float_to_f16(float f) {
+#if defined(__F16C__)
+  return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t v;
+  std::memcpy(&v, &h, 2);
+  return v;
+#endif
+}
+
+// Convert n stored values to the compute type, and back.
+template <class T, class C>
+inline void load_tile(const typename T::S* __restrict src, C* __restrict dst, int64_t n) {
+  if constexpr (std::is_same<T, F16>::value) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    if constexpr (std::is_same<C, float>::value) {
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
     }
-    y[i] = T::store(out);
+#endif
+    for (; i < n; ++i) dst[i] = static_cast<C>(f16_to_float(src[i]));
+  } else if constexpr (std::is_same<T, BF16>::value) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<C>(bf16_to_float(src[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<C>(src[i]);
   }
 }
 
-template <class T, class C, int MODE>
-static inline void fwd_vec(const typename T::S* __restrict x, typename T::S* __restrict y,
-                           uint8_t* __restrict mask, int64_t n, const C* __restrict s,
-                           const C* __restrict o, C qmin, C qmax) {
-  for (int64_t i = 0; i < n; ++i) {
-    C xv = static_cast<C>(T::load(x[i]));
-    C out;
-    if (MODE == DQ) {
-      out = (xv + o[i]) * s[i];
-    } else {
-      C v = std::nearbyint(xv / s[i]) - o[i];
-      if (mask) mask[i] = (v >= qmin) & (v <= qmax);
-      C q = v < qmin ? qmin : (v > qmax ? qmax : v);
-      out = MODE == Q ? q : (q + o[i]) * s[i];
+template <class T, class C>
+inline void store_tile(const C* __restrict src, typename T::S* __restrict dst, int64_t n) {
+  if constexpr (std::is_same<T, F16>::value) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    if constexpr (std::is_same<C, float>::value) {
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     }
-    y[i] = T::store(out);
+#endif
+    for (; i < n; ++i) dst[i] = float_to_f16(static_cast<float>(src[i]));
+  } else if constexpr (std::is_same<T, BF16>::value) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(static_cast<float>(src[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<typename T::S>(src[i]);
+  }
+}
+
+template <class T, class C>
+constexpr bool kDirect = std::is_same<typename T::S, C>::value;
+
+constexpr int64_t kTile = 1024;    // elements converted at a time for non-native storage
+constexpr int64_t kChunk = 16384;  // elements per forward work item
+
+enum Mode { QDQ = 0, Q = 1, DQ = 2 };
+
+// ------------------------------------------------------------------------------------------ forward
+
+// One run of n elements in the compute type; VEC: scale/offset per element, else one for the run.
+template <class C, int MODE, bool VEC, bool MASK>
+inline void fwd_compute(const C* __restrict x, C* __restrict y, uint8_t* __restrict mask, int64_t n,
+                        const C* __restrict sp, const C* __restrict op, C qmin, C qmax) {
+  const C s0 = sp[0], o0 = op[0];
+  for (int64_t i = 0; i < n; ++i) {
+    const C s = VEC ? sp[i] : s0;
+    const C o = VEC ? op[i] : o0;
+    const C xv = x[i];
+    if (MODE == DQ) {
+      y[i] = (xv + o) * s;
+    } else {
+      const C v = std::nearbyint(xv / s) - o;
+      if (MASK) mask[i] = static_cast<uint8_t>((v >= qmin) & (v <= qmax));
+      const C q = v < qmin ? qmin : (v > qmax ? qmax : v);
+      y[i] = MODE == Q ? q : (q + o) * s;
+    }
+  }
+}
+
+template <class T, class C, int MODE, bool VEC>
+inline void fwd_run(const typename T::S* x, typename T::S* y, uint8_t* mask, int64_t n, const C* sp, const C* op,
+                    C qmin, C qmax) {
+  if constexpr (kDirect<T, C>) {
+    if (mask) fwd_compute<C, MODE, VEC, true>(x, y, mask, n, sp, op, qmin, qmax);
+    else fwd_compute<C, MODE, VEC, false>(x, y, nullptr, n, sp, op, qmin, qmax);
+  } else {
+    C xb[kTile], yb[kTile];
+    for (int64_t off = 0; off < n; off += kTile) {
+      const int64_t m = n - off < kTile ? n - off : kTile;
+      load_tile<T, C>(x + off, xb, m);
+      const C* s = VEC ? sp + off : sp;
+      const C* o = VEC ? op + off : op;
+      if (mask) fwd_compute<C, MODE, VEC, true>(xb, yb, mask + off, m, s, o, qmin, qmax);
+      else fwd_compute<C, MODE, VEC, false>(xb, yb, nullptr, m, s, o, qmin, qmax);
+      store_tile<T, C>(yb, y + off, m);
+    }
   }
 }
 
@@ -111,14 +170,13 @@ void forward(const typename T::S* x, typename T::S* y, uint8_t* mask, int64_t P,
         const int64_t s0 = e % S;
         int64_t len = S - s0;
         if (len > end - e) len = end - e;
-        fwd_vec<T, C, MODE>(x + e, y + e, mask ? mask + e : nullptr, len, sc + s0, of + s0, qmin, qmax);
+        fwd_run<T, C, MODE, true>(x + e, y + e, mask ? mask + e : nullptr, len, sc + s0, of + s0, qmin, qmax);
         e += len;
       } else {  // a run of elements sharing one scale
-        const int64_t b0 = e % B;
         const int64_t s = (e / B) % S;
-        int64_t len = B - b0;
+        int64_t len = B - e % B;
         if (len > end - e) len = end - e;
-        fwd_const<T, C, MODE>(x + e, y + e, mask ? mask + e : nullptr, len, sc[s], of[s], qmin, qmax);
+        fwd_run<T, C, MODE, false>(x + e, y + e, mask ? mask + e : nullptr, len, sc + s, of + s, qmin, qmax);
         e += len;
       }
     }
@@ -129,109 +187,149 @@ void forward(const typename T::S* x, typename T::S* y, uint8_t* mask, int64_t P,
 
 constexpr int kLanes = 16;  // fixed lane count: sums are deterministic and vectorizable
 
-struct Acc {
-  double ds[kLanes];
-  double dof[kLanes];
-  void zero() {
-    for (int j = 0; j < kLanes; ++j) ds[j] = dof[j] = 0.0;
-  }
-  double sum_ds() const {
-    double t = 0.0;
-    for (int j = 0; j < kLanes; ++j) t += ds[j];
-    return t;
-  }
-  double sum_do() const {
-    double t = 0.0;
-    for (int j = 0; j < kLanes; ++j) t += dof[j];
-    return t;
-  }
-};
-
-// One element of the backward pass. MODE QDQ: straight-through estimator of fake quantization;
-// MODE Q: of quantization. Writes dx, returns the scale and offset terms.
+// One element of the backward pass, branch-free. QDQ: straight-through estimator of fake
+// quantization; Q: of quantization. Returns dx and the scale and offset terms.
 template <class C, int MODE>
-static inline void bwd_elem(C g, C xv, C s, C o, C qmin, C qmax, C& dx, C& ds, C& dof) {
-  C xs = xv / s;
-  C r = std::nearbyint(xs);
-  C v = r - o;
-  bool below = v < qmin, above = v > qmax;
-  bool inside = (v >= qmin) & (v <= qmax);
+inline void bwd_elem(C g, C xv, C s, C o, C qmin, C qmax, C& dx, C& ds, C& dof) {
+  const C xs = xv / s;
+  const C r = std::nearbyint(xs);
+  const C v = r - o;
+  const bool below = v < qmin, above = v > qmax;
+  const bool inside = (v >= qmin) & (v <= qmax);  // false for NaN, like below and above
   if (MODE == QDQ) {
     dx = inside ? g : C(0);
-    C d = inside ? r - xs : (below ? qmin + o : (above ? qmax + o : C(0)));
+    C d = inside ? r - xs : C(0);
+    d = below ? qmin + o : d;
+    d = above ? qmax + o : d;
     ds = g * d;
     dof = (below | above) ? g * s : C(0);
   } else {
-    C gi = inside ? g : C(0);
+    const C gi = inside ? g : C(0);
     dx = gi / s;
     ds = gi != C(0) ? -gi * xs / s : C(0);
     dof = -gi;
   }
 }
 
-template <class T, class C, int MODE>
-static inline void bwd_const(const typename T::S* __restrict g, const typename T::S* __restrict x,
-                             typename T::S* __restrict dx, int64_t n, C s, C o, C qmin, C qmax, Acc& acc) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      C d, ds, dof;
-      bwd_elem<C, MODE>(static_cast<C>(T::load(g[i + j])), static_cast<C>(T::load(x[i + j])), s, o, qmin,
-                        qmax, d, ds, dof);
-      if (dx) dx[i + j] = T::store(d);
-      acc.ds[j] += static_cast<double>(ds);
-      acc.dof[j] += static_cast<double>(dof);
-    }
-  }
-  for (int j = 0; i < n; ++i, ++j) {
-    C d, ds, dof;
-    bwd_elem<C, MODE>(static_cast<C>(T::load(g[i])), static_cast<C>(T::load(x[i])), s, o, qmin, qmax, d, ds,
-                      dof);
-    if (dx) dx[i] = T::store(d);
-    acc.ds[j] += static_cast<double>(ds);
-    acc.dof[j] += static_cast<double>(dof);
-  }
-}
-
-template <class T, class C, int MODE>
-static inline void bwd_vec(const typename T::S* __restrict g, const typename T::S* __restrict x,
-                           typename T::S* __restrict dx, int64_t n, const C* __restrict s, const C* __restrict o,
-                           C qmin, C qmax, double* __restrict ds_out, double* __restrict do_out) {
+// Per-element backward of n elements (no reductions here, so the loop vectorizes).
+template <class C, int MODE, bool DX, bool VEC>
+inline void bwd_terms(const C* __restrict g, const C* __restrict x, C* __restrict dx, int64_t n,
+                      const C* __restrict sp, const C* __restrict op, C qmin, C qmax, C* __restrict dsv,
+                      C* __restrict dov) {
+  const C s0 = sp[0], o0 = op[0];
   for (int64_t i = 0; i < n; ++i) {
     C d, ds, dof;
-    bwd_elem<C, MODE>(static_cast<C>(T::load(g[i])), static_cast<C>(T::load(x[i])), s[i], o[i], qmin, qmax, d,
-                      ds, dof);
-    if (dx) dx[i] = T::store(d);
-    ds_out[i] += static_cast<double>(ds);
-    do_out[i] += static_cast<double>(dof);
+    bwd_elem<C, MODE>(g[i], x[i], VEC ? sp[i] : s0, VEC ? op[i] : o0, qmin, qmax, d, ds, dof);
+    if (DX) dx[i] = d;
+    dsv[i] = ds;
+    dov[i] = dof;
   }
 }
 
-// Process the elements (p in [p0, p1), s in [s0, s1), b in [b0, b1)), adding scale/offset terms
-// into ds_acc[s] / do_acc[s] (arrays of length S).
-template <class T, class C, int MODE>
-static void bwd_block(const typename T::S* g, const typename T::S* x, typename T::S* dx, int64_t S, int64_t B,
-                      const C* sc, const C* of, C qmin, C qmax, int64_t p0, int64_t p1, int64_t s0, int64_t s1,
-                      int64_t b0, int64_t b1, double* ds_acc, double* do_acc) {
+// n elements sharing one scale: dx, and per-lane sums of the scale/offset terms (lane = index mod 16).
+template <class C, int MODE, bool DX>
+inline void bwd_compute_const(const C* __restrict g, const C* __restrict x, C* __restrict dx, int64_t n, C s, C o,
+                              C qmin, C qmax, double* __restrict acc_ds, double* __restrict acc_do) {
+  C dsv[kTile], dov[kTile];
+  for (int64_t off = 0; off < n; off += kTile) {
+    const int64_t m = n - off < kTile ? n - off : kTile;
+    bwd_terms<C, MODE, DX, false>(g + off, x + off, DX ? dx + off : nullptr, m, &s, &o, qmin, qmax, dsv, dov);
+    for (int64_t i = m; i < (m + kLanes - 1) / kLanes * kLanes; ++i) dsv[i] = dov[i] = C(0);
+    // lane sums within the tile in C (at most 64 terms each), then into the double accumulators
+    C lane_ds[kLanes] = {0}, lane_do[kLanes] = {0};
+    for (int64_t i = 0; i < m; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        lane_ds[j] += dsv[i + j];
+        lane_do[j] += dov[i + j];
+      }
+    }
+    for (int j = 0; j < kLanes; ++j) {
+      acc_ds[j] += static_cast<double>(lane_ds[j]);
+      acc_do[j] += static_cast<double>(lane_do[j]);
+    }
+  }
+}
+
+// n elements with per-element scales: dx, and sums into ds_out[i] / do_out[i].
+template <class C, int MODE, bool DX>
+inline void bwd_compute_vec(const C* __restrict g, const C* __restrict x, C* __restrict dx, int64_t n,
+                            const C* __restrict s, const C* __restrict o, C qmin, C qmax, double* __restrict ds_out,
+                            double* __restrict do_out) {
+  C dsv[kTile], dov[kTile];
+  for (int64_t off = 0; off < n; off += kTile) {
+    const int64_t m = n - off < kTile ? n - off : kTile;
+    bwd_terms<C, MODE, DX, true>(g + off, x + off, DX ? dx + off : nullptr, m, s + off, o + off, qmin, qmax, dsv,
+                                 dov);
+    for (int64_t i = 0; i < m; ++i) {
+      ds_out[off + i] += static_cast<double>(dsv[i]);
+      do_out[off + i] += static_cast<double>(dov[i]);
+    }
+  }
+}
+
+template <class T, class C, int MODE, bool DX>
+inline void bwd_run_const(const typename T::S* g, const typename T::S* x, typename T::S* dx, int64_t n, C s, C o,
+                          C qmin, C qmax, double* ds_sum, double* do_sum) {
+  double acc_ds[kLanes] = {0}, acc_do[kLanes] = {0};
+  if constexpr (kDirect<T, C>) {
+    bwd_compute_const<C, MODE, DX>(g, x, dx, n, s, o, qmin, qmax, acc_ds, acc_do);
+  } else {
+    C gb[kTile], xb[kTile], db[kTile];
+    for (int64_t off = 0; off < n; off += kTile) {
+      const int64_t m = n - off < kTile ? n - off : kTile;
+      load_tile<T, C>(g + off, gb, m);
+      load_tile<T, C>(x + off, xb, m);
+      bwd_compute_const<C, MODE, DX>(gb, xb, db, m, s, o, qmin, qmax, acc_ds, acc_do);
+      if (DX) store_tile<T, C>(db, dx + off, m);
+    }
+  }
+  double t_ds = 0.0, t_do = 0.0;
+  for (int j = 0; j < kLanes; ++j) {
+    t_ds += acc_ds[j];
+    t_do += acc_do[j];
+  }
+  *ds_sum += t_ds;
+  *do_sum += t_do;
+}
+
+template <class T, class C, int MODE, bool DX>
+inline void bwd_run_vec(const typename T::S* g, const typename T::S* x, typename T::S* dx, int64_t n, const C* s,
+                        const C* o, C qmin, C qmax, double* ds_out, double* do_out) {
+  if constexpr (kDirect<T, C>) {
+    bwd_compute_vec<C, MODE, DX>(g, x, dx, n, s, o, qmin, qmax, ds_out, do_out);
+  } else {
+    C gb[kTile], xb[kTile], db[kTile];
+    for (int64_t off = 0; off < n; off += kTile) {
+      const int64_t m = n - off < kTile ? n - off : kTile;
+      load_tile<T, C>(g + off, gb, m);
+      load_tile<T, C>(x + off, xb, m);
+      bwd_compute_vec<C, MODE, DX>(gb, xb, db, m, s + off, o + off, qmin, qmax, ds_out + off, do_out + off);
+      if (DX) store_tile<T, C>(db, dx + off, m);
+    }
+  }
+}
+
+// Elements (p in [p0, p1), s in [s0, s1), b in [b0, b1)); scale/offset terms added into acc[s].
+template <class T, class C, int MODE, bool DX>
+void bwd_block(const typename T::S* g, const typename T::S* x, typename T::S* dx, int64_t S, int64_t B,
+               const C* sc, const C* of, C qmin, C qmax, int64_t p0, int64_t p1, int64_t s0, int64_t s1, int64_t b0,
+               int64_t b1, double* ds_acc, double* do_acc) {
   for (int64_t p = p0; p < p1; ++p) {
     if (B == 1) {
       const int64_t e = p * S + s0;
-      bwd_vec<T, C, MODE>(g + e, x + e, dx ? dx + e : nullptr, s1 - s0, sc + s0, of + s0, qmin, qmax,
-                          ds_acc + s0, do_acc + s0);
+      bwd_run_vec<T, C, MODE, DX>(g + e, x + e, DX ? dx + e : nullptr, s1 - s0, sc + s0, of + s0, qmin, qmax,
+                                  ds_acc + s0, do_acc + s0);
       continue;
     }
     for (int64_t s = s0; s < s1; ++s) {
       const int64_t e = (p * S + s) * B + b0;
-      Acc acc;
-      acc.zero();
-      bwd_const<T, C, MODE>(g + e, x + e, dx ? dx + e : nullptr, b1 - b0, sc[s], of[s], qmin, qmax, acc);
-      ds_acc[s] += acc.sum_ds();
-      do_acc[s] += acc.sum_do();
+      bwd_run_const<T, C, MODE, DX>(g + e, x + e, DX ? dx + e : nullptr, b1 - b0, sc[s], of[s], qmin, qmax,
+                                    ds_acc + s, do_acc + s);
     }
   }
 }
 
-template <class T, class C, int MODE>
+template <class T, class C, int MODE, bool DX>
 void backward(const typename T::S* g, const typename T::S* x, typename T::S* dx, int64_t P, int64_t S, int64_t B,
               const C* sc, const C* of, C qmin, C qmax, double* ds_out, double* do_out, int nthreads) {
   // Partition by shape only (deterministic): rows of P, else ranges of S, else ranges of B.
@@ -256,14 +354,14 @@ void backward(const typename T::S* g, const typename T::S* x, typename T::S* dx,
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (items > 1 && P * S * B > 32768)
   for (int64_t k = 0; k < items; ++k) {
     if (strategy == 0) {
-      bwd_block<T, C, MODE>(g, x, dx, S, B, sc, of, qmin, qmax, k * P / items, (k + 1) * P / items, 0, S, 0, B,
-                            pds.data() + k * S, pdo.data() + k * S);
+      bwd_block<T, C, MODE, DX>(g, x, dx, S, B, sc, of, qmin, qmax, k * P / items, (k + 1) * P / items, 0, S, 0,
+                                B, pds.data() + k * S, pdo.data() + k * S);
     } else if (strategy == 1) {
-      bwd_block<T, C, MODE>(g, x, dx, S, B, sc, of, qmin, qmax, 0, P, k * S / items, (k + 1) * S / items, 0, B,
-                            ds_out, do_out);
+      bwd_block<T, C, MODE, DX>(g, x, dx, S, B, sc, of, qmin, qmax, 0, P, k * S / items, (k + 1) * S / items, 0,
+                                B, ds_out, do_out);
     } else {
-      bwd_block<T, C, MODE>(g, x, dx, S, B, sc, of, qmin, qmax, 0, P, 0, S, k * B / items, (k + 1) * B / items,
-                            pds.data() + k * S, pdo.data() + k * S);
+      bwd_block<T, C, MODE, DX>(g, x, dx, S, B, sc, of, qmin, qmax, 0, P, 0, S, k * B / items,
+                                (k + 1) * B / items, pds.data() + k * S, pdo.data() + k * S);
     }
   }
   if (partial) {
@@ -275,6 +373,8 @@ void backward(const typename T::S* g, const typename T::S* x, typename T::S* dx,
     }
   }
 }
+
+// ------------------------------------------------------------------------------------------ dispatch
 
 template <class T, class C>
 void forward_mode(int mode, const void* x, void* y, uint8_t* mask, int64_t P, int64_t S, int64_t B, const void* sc,
@@ -298,8 +398,14 @@ void backward_mode(int mode, const void* g, const void* x, void* dx, int64_t P, 
   auto dxs = static_cast<St*>(dx);
   auto s = static_cast<const C*>(sc);
   auto o = static_cast<const C*>(of);
-  if (mode == QDQ) backward<T, C, QDQ>(gs, xs, dxs, P, S, B, s, o, C(qmin), C(qmax), ds, dof, nt);
-  else backward<T, C, Q>(gs, xs, dxs, P, S, B, s, o, C(qmin), C(qmax), ds, dof, nt);
+  const C lo = C(qmin), hi = C(qmax);
+  if (mode == QDQ) {
+    if (dxs) backward<T, C, QDQ, true>(gs, xs, dxs, P, S, B, s, o, lo, hi, ds, dof, nt);
+    else backward<T, C, QDQ, false>(gs, xs, dxs, P, S, B, s, o, lo, hi, ds, dof, nt);
+  } else {
+    if (dxs) backward<T, C, Q, true>(gs, xs, dxs, P, S, B, s, o, lo, hi, ds, dof, nt);
+    else backward<T, C, Q, false>(gs, xs, dxs, P, S, B, s, o, lo, hi, ds, dof, nt);
+  }
 }
 
 }  // namespace
@@ -335,6 +441,6 @@ int quanta_affine_backward(int mode, int dtype, int wide, const void* g, const v
   return 0;
 }
 
-int quanta_abi_version() { return 1; }
+int quanta_abi_version() { return 2; }
 
 }  // extern "C"
