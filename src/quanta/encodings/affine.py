@@ -94,6 +94,16 @@ class AffineEncoding(GridProperties):
         """Fake-quantized ``x``."""
         return kernels.quantize_dequantize(x, self.scale, self.offset, self.grid, self.block_size)
 
+    def quantized_repr(self, codes: torch.Tensor) -> torch.Tensor:
+        """``codes`` as integers of :attr:`dtype`; ValueError for NaN (no integer holds it)."""
+        if torch.isnan(codes).any():
+            raise ValueError("quantized_repr(): the tensor holds NaN, which has no integer code")
+        return codes.to(self.dtype)
+
+    def holds_in(self, dtype: torch.dtype) -> bool:
+        """True if float ``dtype`` holds every code of the grid exactly (so a cast keeps the encoding)."""
+        return dtype.is_floating_point and kernels.codes_dtype(dtype, self.grid) == dtype
+
     # -- conversions -----------------------------------------------------------
     def to(self, *args: Any, **kwargs: Any) -> "AffineEncoding":
         """Move scale and offset to another device (their float dtype is kept)."""

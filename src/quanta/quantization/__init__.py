@@ -10,13 +10,17 @@ DequantizedTensor([0.2992], grad_fn=<AliasBackward0>)
 """
 
 from quanta.quantization import affine, encoding_analyzer
+from quanta.quantization import float  # noqa: A004  (AIMET's module name)
 from quanta.quantization.base import QuantizerBase
+from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.tensors.quantized import DequantizedTensor, QuantizedTensor, QuantizedTensorBase
 
 __all__ = [
     "affine",
+    "float",
     "encoding_analyzer",
     "QuantizerBase",
+    "FloatQuantizeDequantize",
     "QuantizedTensorBase",
     "QuantizedTensor",
     "DequantizedTensor",

@@ -28,7 +28,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from quanta.encodings.affine import AffineEncoding
-from quanta.kernels.affine import codes_dtype
+from quanta.encodings.float import FloatEncoding
 
 __all__ = ["QuantizedTensorBase", "QuantizedTensor", "DequantizedTensor"]
 
@@ -79,7 +79,7 @@ class QuantizedTensorBase(torch.Tensor):
     ops keep the encoding.
     """
 
-    encoding: AffineEncoding | None
+    encoding: AffineEncoding | FloatEncoding | None
 
     def quantize(self) -> "QuantizedTensor":
         raise NotImplementedError
@@ -88,14 +88,14 @@ class QuantizedTensorBase(torch.Tensor):
         raise NotImplementedError
 
     def quantized_repr(self) -> torch.Tensor:
-        """Codes as integers of dtype ``self.encoding.dtype`` (no gradient).
+        """Codes in dtype ``self.encoding.dtype`` (no gradient): integers for affine encodings,
+        the torch float8/16 dtype for float encodings.
 
-        Raises ValueError if a code is NaN (an integer cannot hold it).
+        Raises ValueError if an affine code is NaN (an integer cannot hold it), or if
+        torch has no dtype for a float encoding's format.
         """
         codes = self.quantize().as_subclass(torch.Tensor).detach()
-        if torch.isnan(codes).any():
-            raise ValueError("quantized_repr(): the tensor holds NaN, which has no integer code")
-        return codes.to(self._require_encoding().dtype)
+        return self._require_encoding().quantized_repr(codes)
 
     def _require_encoding(self) -> AffineEncoding:
         enc = getattr(self, "encoding", None)
@@ -156,8 +156,7 @@ class QuantizedTensorBase(torch.Tensor):
     def _holds_after_cast(self, out: Any) -> bool:
         if not isinstance(out, torch.Tensor) or out.dtype not in _EXACT_INTEGER_DTYPES:
             return False
-        grid = self._require_encoding().grid
-        return codes_dtype(out.dtype, grid) == out.dtype
+        return self._require_encoding().holds_in(out.dtype)
 
 
 class QuantizedTensor(QuantizedTensorBase):

@@ -1,0 +1,128 @@
+"""Float fake-cast kernels: round to the nearest value of a :class:`FloatFormat`.
+
+The only code in quanta that rounds to float formats::
+
+    cast(v)   = clamp(round_half_even(v / 2**k) * 2**k, -max, max)
+                with k = max(floor(log2 |v|), emin) - mantissa_bits
+    QDQ(x)    = cast(x / s) * s                       (s = maxval / format max)
+
+Multiplying and dividing by ``2**k`` is exact, so the only rounding is the one
+to the format's grid, ties to even, subnormals included. Policy, the same on
+every path: NaN stays NaN; ``+-inf`` and anything beyond the largest value
+saturates to ``+-max`` (torch's float8 casts give NaN there instead; inside
+the range quanta's result equals ``v.to(dtype).to(v.dtype)`` bit for bit);
+formats without a negative zero (``fnuz``) return ``+0.0`` for zero results.
+
+The arithmetic runs in float64 (exact for every format up to 8 exponent and 23
+mantissa bits) on ``x / s`` computed in float32 (float64 for float64 inputs), and
+the result is cast back to the input dtype.
+
+Gradients (straight-through): ``dx = 1`` where ``|x/s| <= max``, else 0;
+``ds = cast(x/s) - x/s`` inside and ``+-max`` where saturated (as LSQ), so a
+learnable ``maxval`` gets a gradient through ``s = maxval / max``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quanta.grids.float import FloatFormat
+from quanta.kernels.blocks import BlockLayout, resolve_layout
+
+__all__ = ["fake_cast", "quantize_dequantize", "quantize", "dequantize"]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def fake_cast(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Round ``v`` to the nearest value of ``fmt`` (ties to even, saturating), in ``v``'s dtype.
+
+    >>> from quanta.grids.float import FLOAT8_E4M3FN, FP4_E2M1
+    >>> fake_cast(torch.tensor([0.3, 1.0625, 500.0, -float("inf")]), FLOAT8_E4M3FN).tolist()
+    [0.3125, 1.0, 448.0, -448.0]
+    >>> fake_cast(torch.tensor([2.5, 3.5, 5.0, 0.25]), FP4_E2M1).tolist()
+    [2.0, 4.0, 4.0, 0.0]
+    """
+    d = v.to(torch.float64)
+    _, e = torch.frexp(d)  # d = mant * 2**e, mant in [0.5, 1): floor(log2 |d|) = e - 1
+    k = torch.clamp_min(e - 1, fmt.emin) - fmt.mantissa_bits
+    step = torch.ldexp(torch.ones_like(d), k)
+    out = torch.round(d / step) * step
+    out = torch.clamp(out, -fmt.max, fmt.max)  # inf saturates; NaN passes through clamp
+    if not fmt.has_negative_zero:
+        out = torch.where(out == 0, 0.0, out)
+    return out.to(v.dtype)
+
+
+class _FloatQDQ(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale, fmt, layout):  # type: ignore[override]
+        cdt = _compute_dtype(x.dtype)
+        s = layout.scale_to_blocks(scale.detach().to(cdt))
+        v = layout.to_blocks(x.detach().to(cdt)) / s
+        c = fake_cast(v, fmt)
+        out = layout.from_blocks(c * s).to(x.dtype)
+        needs_x, needs_s = ctx.needs_input_grad[:2]
+        if needs_s:
+            ctx.save_for_backward(x, scale)
+        elif needs_x:
+            ctx.save_for_backward(layout.from_blocks(v.abs() <= fmt.max))
+        ctx.meta = (fmt, layout, needs_s)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        fmt, layout, recompute = ctx.meta
+        if not recompute:
+            (inside,) = ctx.saved_tensors
+            return torch.where(inside, grad, 0.0), None, None, None
+        x, scale = ctx.saved_tensors
+        cdt = _compute_dtype(x.dtype)
+        s = layout.scale_to_blocks(scale.to(cdt))
+        v = layout.to_blocks(x.to(cdt)) / s
+        c = fake_cast(v, fmt)
+        inside = v.abs() <= fmt.max
+        gb = layout.to_blocks(grad.to(cdt))
+        dx = layout.from_blocks(torch.where(inside, gb, 0.0)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        d = torch.where(inside, c - v, torch.sign(v) * fmt.max)
+        ds = layout.reduce_to_scale(torch.where(torch.isnan(v), 0.0, gb * d)).to(scale.dtype)
+        return dx, ds, None, None
+
+
+def _plan(x: torch.Tensor, scale: torch.Tensor, block_size) -> BlockLayout:
+    if not x.is_floating_point():
+        raise TypeError(f"input must be a floating-point tensor, got dtype {x.dtype}")
+    return resolve_layout(x.shape, scale.shape, block_size)
+
+
+def quantize_dequantize(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat,
+                        block_size: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Float fake quantization ``cast(x / s) * s`` in ``x.dtype`` (scale layout as the affine kernels).
+
+    >>> from quanta.grids.float import FP4_E2M1
+    >>> quantize_dequantize(torch.tensor([0.1, 0.26, 1.0]), torch.tensor(1 / 6), FP4_E2M1)
+    tensor([0.0833, 0.2500, 1.0000])
+    """
+    layout = _plan(x, scale, block_size)
+    return _FloatQDQ.apply(x, scale, fmt, layout)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat,
+             block_size: tuple[int, ...] | None = None) -> torch.Tensor:
+    """The format's values ``cast(x / s)`` (no gradient), in the compute dtype."""
+    layout = _plan(x, scale, block_size)
+    cdt = _compute_dtype(x.dtype)
+    v = layout.to_blocks(x.detach().to(cdt)) / layout.scale_to_blocks(scale.detach().to(cdt))
+    return layout.from_blocks(fake_cast(v, fmt))
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, ...] | None = None,
+               output_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``q * s``: values of a float format back to real values."""
+    layout = resolve_layout(q.shape, scale.shape, block_size)
+    out_dtype = output_dtype or (q.dtype if q.dtype in (torch.float16, torch.bfloat16, torch.float32,
+                                                         torch.float64) else torch.float32)
+    cdt = _compute_dtype(out_dtype)
+    return layout.from_blocks(layout.to_blocks(q.to(cdt)) * layout.scale_to_blocks(scale.to(cdt))).to(out_dtype)
