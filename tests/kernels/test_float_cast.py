@@ -21,6 +21,19 @@ from quanta.grids.float import (
     SpecialValues,
 )
 from quanta.kernels import float_cast as K
+from quanta.kernels import native
+
+
+@pytest.fixture(autouse=True, params=["native", "eager"])
+def kernel_path(request):
+    """Every test here runs on both implementations."""
+    if request.param == "eager":
+        with native.disabled():
+            yield request.param
+    else:
+        if native.library() is None:
+            pytest.skip(f"native kernels unavailable: {native.status()}")
+        yield request.param
 
 SMALL = [FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FNUZ, FLOAT8_E5M2FNUZ, FP6_E3M2, FP6_E2M3, FP4_E2M1,
          FloatFormat(3, 4, SpecialValues.IEEE), FloatFormat(1, 2, SpecialValues.FINITE)]
@@ -65,8 +78,9 @@ def test_exhaustive_against_value_table(fmt):
     probes = torch.cat([v, mids, mids * (1 + eps), mids * (1 - eps), -mids, torch.tensor(
         [fmt.max * 1.5, -fmt.max * 1.01, math.inf, -math.inf, math.nan, -0.0, fmt.min_subnormal / 2,
          fmt.min_subnormal * 0.51, -fmt.min_subnormal * 0.49])]).float()
-    got = K.fake_cast(probes, fmt)
-    assert same(got, brute_force(probes, fmt))
+    expected = brute_force(probes, fmt)
+    assert same(K.fake_cast(probes, fmt), expected)
+    assert same(K.quantize_dequantize(probes, torch.tensor(1.0), fmt), expected)  # the kernel path too
     assert same(K.fake_cast(v.float(), fmt), v)  # every value is a fixed point
 
 
@@ -147,6 +161,19 @@ def test_properties(xs, fmt):
     order = torch.argsort(x)
     assert (y[order].diff() >= 0).all()  # monotone
     assert (y.abs() <= fmt.max).all()
+
+
+@pytest.mark.parametrize("fmt", SMALL + [FLOAT16, BFLOAT16], ids=lambda f: f.name())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_native_and_eager_qdq_agree(fmt, dtype):
+    gen = torch.Generator().manual_seed(7)
+    x = (torch.randn(33, 64, generator=gen) * torch.exp(torch.randn(33, 64, generator=gen) * 3)).to(dtype)
+    x[0, :6] = torch.tensor([math.nan, math.inf, -math.inf, -0.0, 0.0, 1e-30]).to(dtype)
+    s = torch.rand(33, 4, generator=gen) * 0.5 + 0.01
+    fast = K.quantize_dequantize(x, s, fmt, (-1, 16))
+    with native.disabled():
+        slow = K.quantize_dequantize(x, s, fmt, (-1, 16))
+    assert same(fast, slow) and fast.dtype == dtype
 
 
 def test_bad_input():

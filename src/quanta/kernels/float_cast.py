@@ -13,9 +13,10 @@ saturates to ``+-max`` (torch's float8 casts give NaN there instead; inside
 the range quanta's result equals ``v.to(dtype).to(v.dtype)`` bit for bit);
 formats without a negative zero (``fnuz``) return ``+0.0`` for zero results.
 
-The arithmetic runs in float64 (exact for every format up to 8 exponent and 23
+The rounding runs in float64 (exact for every format up to 8 exponent and 23
 mantissa bits) on ``x / s`` computed in float32 (float64 for float64 inputs), and
-the result is cast back to the input dtype.
+the result is cast back to the input dtype. CPU tensors take the native one-pass
+kernel (:mod:`quanta.kernels.native`); the eager path gives the same bits.
 
 Gradients (straight-through): ``dx = 1`` where ``|x/s| <= max``, else 0;
 ``ds = cast(x/s) - x/s`` inside and ``+-max`` where saturated (as LSQ), so a
@@ -27,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from quanta.grids.float import FloatFormat
+from quanta.kernels import native
 from quanta.kernels.blocks import BlockLayout, resolve_layout
 
 __all__ = ["fake_cast", "quantize_dequantize", "quantize", "dequantize"]
@@ -56,19 +58,31 @@ def fake_cast(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     return out.to(v.dtype)
 
 
+def _forward(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, layout: BlockLayout, want_mask: bool
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``cast(x / s) * s`` and optionally the inside-mask: native kernel where it applies, else eager."""
+    cdt = _compute_dtype(x.dtype)
+    psb = layout.psb() if x.device.type == "cpu" and native.supports(x.dtype) and x.numel() else None
+    if psb is not None and native.library() is not None:
+        flat = scale.detach().to(cdt).contiguous().reshape(-1)
+        y, mask = native.float_forward(x.detach(), psb, flat, fmt.emin, fmt.emax, fmt.mantissa_bits, fmt.max,
+                                       not fmt.has_negative_zero, want_mask=want_mask)
+        return y.view(x.shape), None if mask is None else mask.view(x.shape)
+    s = layout.scale_to_blocks(scale.detach().to(cdt))
+    v = layout.to_blocks(x.detach().to(cdt)) / s
+    out = layout.from_blocks(fake_cast(v, fmt) * s).to(x.dtype)
+    return out, layout.from_blocks(v.abs() <= fmt.max) if want_mask else None
+
+
 class _FloatQDQ(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, fmt, layout):  # type: ignore[override]
-        cdt = _compute_dtype(x.dtype)
-        s = layout.scale_to_blocks(scale.detach().to(cdt))
-        v = layout.to_blocks(x.detach().to(cdt)) / s
-        c = fake_cast(v, fmt)
-        out = layout.from_blocks(c * s).to(x.dtype)
         needs_x, needs_s = ctx.needs_input_grad[:2]
+        out, mask = _forward(x, scale, fmt, layout, want_mask=needs_x and not needs_s)
         if needs_s:
             ctx.save_for_backward(x, scale)
         elif needs_x:
-            ctx.save_for_backward(layout.from_blocks(v.abs() <= fmt.max))
+            ctx.save_for_backward(mask)
         ctx.meta = (fmt, layout, needs_s)
         return out
 
@@ -106,7 +120,9 @@ def quantize_dequantize(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat,
     tensor([0.0833, 0.2500, 1.0000])
     """
     layout = _plan(x, scale, block_size)
-    return _FloatQDQ.apply(x, scale, fmt, layout)
+    if torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad):
+        return _FloatQDQ.apply(x, scale, fmt, layout)
+    return _forward(x, scale, fmt, layout, want_mask=False)[0]
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat,

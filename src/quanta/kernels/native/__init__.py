@@ -35,7 +35,7 @@ _DTYPE_CODE = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloa
 _SOURCE = pathlib.Path(__file__).with_name("affine.cpp")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared",
           "-std=c++17"]
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -107,6 +107,8 @@ def _load() -> ctypes.CDLL | None:
     lib.quanta_affine_forward.restype = i32
     lib.quanta_affine_backward.argtypes = [i32, i32, i32, vp, vp, vp, i64, i64, i64, vp, vp, dbl, dbl, vp, vp, i32]
     lib.quanta_affine_backward.restype = i32
+    lib.quanta_float_forward.argtypes = [i32, vp, vp, vp, i64, i64, i64, vp, i32, i32, i32, dbl, i32, i32]
+    lib.quanta_float_forward.restype = i32
     _state = "native"
     return lib
 
@@ -205,3 +207,20 @@ class Call:
         if rc:
             raise RuntimeError(f"quanta native backward failed with code {rc}")
         return dx, ds, do
+
+
+def float_forward(x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tensor, emin: int, emax: int,
+                  mbits: int, fmax: float, no_negative_zero: bool, *, want_mask: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Float fake quantization ``cast(x / s) * s``; ``scale`` flat and contiguous in the compute dtype."""
+    lib = library()
+    assert lib is not None
+    xc = x if x.is_contiguous() else x.contiguous()
+    y = torch.empty(x.shape, dtype=x.dtype)
+    mask = torch.empty(x.shape, dtype=torch.bool) if want_mask else None
+    rc = lib.quanta_float_forward(_DTYPE_CODE[x.dtype], xc.data_ptr(), y.data_ptr(),
+                                  None if mask is None else mask.data_ptr(), *psb, scale.data_ptr(), emin, emax,
+                                  mbits, float(fmax), int(no_negative_zero), torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"quanta native float forward failed with code {rc}")
+    return y, mask

@@ -112,20 +112,99 @@ constexpr bool kDirect = std::is_same<typename T::S, C>::value;
 constexpr int64_t kTile = 1024;    // elements converted at a time for non-native storage
 constexpr int64_t kChunk = 16384;  // elements per forward work item
 
-enum Mode { QDQ = 0, Q = 1, DQ = 2 };
+enum Mode { QDQ = 0, Q = 1, DQ = 2, FLOAT_QDQ = 3 };
+
+// A float format for FLOAT_QDQ: round to nearest even at step 2**(clamp(floor(log2|v|), emin, emax) - m),
+// saturate at +-fmax, NaN passes; no_neg_zero turns -0.0 into +0.0 (fnuz formats).
+struct Fmt {
+  int emin = 0, emax = 0, mbits = 0;
+  double fmax = 0.0;
+  int no_neg_zero = 0;
+};
+
+inline double pow2(int k) {  // exact 2**k for -1022 <= k <= 1023
+  uint64_t b = static_cast<uint64_t>(k + 1023) << 52;
+  double d;
+  std::memcpy(&d, &b, 8);
+  return d;
+}
+
+template <class C>
+inline C float_cast(C v, const Fmt& f) {
+  const double d = static_cast<double>(v);
+  uint64_t b;
+  std::memcpy(&b, &d, 8);
+  int e = static_cast<int>((b >> 52) & 0x7FF) - 1023;  // floor(log2|d|) for normal d
+  e = e < f.emin ? f.emin : (e > f.emax ? f.emax : e);
+  const int k = e - f.mbits;
+  double r = std::nearbyint(d * pow2(-k)) * pow2(k);
+  r = r > f.fmax ? f.fmax : (r < -f.fmax ? -f.fmax : r);
+  if (f.no_neg_zero) r = r == 0.0 ? 0.0 : r;
+  return static_cast<C>(r);
+}
+
+// The same rounding for float inputs with integer arithmetic on the bit pattern (vectorizes):
+// normal range: round-to-nearest-even of the float32 pattern to m mantissa bits (the carry runs
+// into the exponent as it should); below the format's smallest normal: (|v| + c) - c with
+// c = 2**(emin - m + 23), whose float addition rounds |v| to a multiple of 2**(emin - m), ties even.
+struct FmtF {
+  uint32_t drop_bits, half_minus_1, keep_mask, nan_or_inf;
+  float min_normal, magic, fmax;
+  int no_neg_zero;
+  explicit FmtF(const Fmt& f) {
+    drop_bits = static_cast<uint32_t>(23 - f.mbits);
+    half_minus_1 = drop_bits ? (1u << (drop_bits - 1)) - 1u : 0u;
+    keep_mask = ~((1u << drop_bits) - 1u);
+    nan_or_inf = 0x7F800000u;
+    min_normal = static_cast<float>(pow2(f.emin));
+    magic = static_cast<float>(pow2(f.emin - f.mbits + 23));
+    fmax = static_cast<float>(f.fmax);
+    no_neg_zero = f.no_neg_zero;
+  }
+};
+
+inline float float_cast_f32(float v, const FmtF& f) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint32_t sign = u & 0x80000000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  const uint32_t lsb = f.drop_bits ? (a >> f.drop_bits) & 1u : 0u;
+  const uint32_t rn = (a + f.half_minus_1 + lsb) & f.keep_mask;
+  float normal;
+  std::memcpy(&normal, &rn, 4);
+  float av;
+  std::memcpy(&av, &a, 4);
+  const float sub = (av + f.magic) - f.magic;
+  float r = av < f.min_normal ? sub : normal;
+  r = r > f.fmax ? f.fmax : r;  // also +inf; a NaN pattern is restored below
+  uint32_t ru;
+  std::memcpy(&ru, &r, 4);
+  ru |= sign;
+  if (f.no_neg_zero) ru = (ru & 0x7FFFFFFFu) == 0u ? 0u : ru;
+  ru = a > f.nan_or_inf ? u : ru;  // NaN stays NaN
+  float out;
+  std::memcpy(&out, &ru, 4);
+  return out;
+}
 
 // ------------------------------------------------------------------------------------------ forward
 
 // One run of n elements in the compute type; VEC: scale/offset per element, else one for the run.
 template <class C, int MODE, bool VEC, bool MASK>
 inline void fwd_compute(const C* __restrict x, C* __restrict y, uint8_t* __restrict mask, int64_t n,
-                        const C* __restrict sp, const C* __restrict op, C qmin, C qmax) {
+                        const C* __restrict sp, const C* __restrict op, C qmin, C qmax, const Fmt& fmt) {
   const C s0 = sp[0], o0 = op[0];
+  const FmtF fmtf(fmt);
   for (int64_t i = 0; i < n; ++i) {
     const C s = VEC ? sp[i] : s0;
     const C o = VEC ? op[i] : o0;
     const C xv = x[i];
-    if (MODE == DQ) {
+    if (MODE == FLOAT_QDQ) {
+      const C v = xv / s;
+      if (MASK) mask[i] = static_cast<uint8_t>(std::fabs(v) <= static_cast<C>(fmt.fmax));
+      if constexpr (std::is_same<C, float>::value) y[i] = float_cast_f32(v, fmtf) * s;
+      else y[i] = float_cast(v, fmt) * s;
+    } else if (MODE == DQ) {
       y[i] = (xv + o) * s;
     } else {
       const C v = std::nearbyint(xv / s) - o;
@@ -138,10 +217,10 @@ inline void fwd_compute(const C* __restrict x, C* __restrict y, uint8_t* __restr
 
 template <class T, class C, int MODE, bool VEC>
 inline void fwd_run(const typename T::S* x, typename T::S* y, uint8_t* mask, int64_t n, const C* sp, const C* op,
-                    C qmin, C qmax) {
+                    C qmin, C qmax, const Fmt& fmt) {
   if constexpr (kDirect<T, C>) {
-    if (mask) fwd_compute<C, MODE, VEC, true>(x, y, mask, n, sp, op, qmin, qmax);
-    else fwd_compute<C, MODE, VEC, false>(x, y, nullptr, n, sp, op, qmin, qmax);
+    if (mask) fwd_compute<C, MODE, VEC, true>(x, y, mask, n, sp, op, qmin, qmax, fmt);
+    else fwd_compute<C, MODE, VEC, false>(x, y, nullptr, n, sp, op, qmin, qmax, fmt);
   } else {
     C xb[kTile], yb[kTile];
     for (int64_t off = 0; off < n; off += kTile) {
@@ -149,8 +228,8 @@ inline void fwd_run(const typename T::S* x, typename T::S* y, uint8_t* mask, int
       load_tile<T, C>(x + off, xb, m);
       const C* s = VEC ? sp + off : sp;
       const C* o = VEC ? op + off : op;
-      if (mask) fwd_compute<C, MODE, VEC, true>(xb, yb, mask + off, m, s, o, qmin, qmax);
-      else fwd_compute<C, MODE, VEC, false>(xb, yb, nullptr, m, s, o, qmin, qmax);
+      if (mask) fwd_compute<C, MODE, VEC, true>(xb, yb, mask + off, m, s, o, qmin, qmax, fmt);
+      else fwd_compute<C, MODE, VEC, false>(xb, yb, nullptr, m, s, o, qmin, qmax, fmt);
       store_tile<T, C>(yb, y + off, m);
     }
   }
@@ -158,7 +237,7 @@ inline void fwd_run(const typename T::S* x, typename T::S* y, uint8_t* mask, int
 
 template <class T, class C, int MODE>
 void forward(const typename T::S* x, typename T::S* y, uint8_t* mask, int64_t P, int64_t S, int64_t B,
-             const C* sc, const C* of, C qmin, C qmax, int nthreads) {
+             const C* sc, const C* of, C qmin, C qmax, int nthreads, const Fmt& fmt = Fmt()) {
   const int64_t n = P * S * B;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (chunks > 1)
@@ -170,13 +249,13 @@ void forward(const typename T::S* x, typename T::S* y, uint8_t* mask, int64_t P,
         const int64_t s0 = e % S;
         int64_t len = S - s0;
         if (len > end - e) len = end - e;
-        fwd_run<T, C, MODE, true>(x + e, y + e, mask ? mask + e : nullptr, len, sc + s0, of + s0, qmin, qmax);
+        fwd_run<T, C, MODE, true>(x + e, y + e, mask ? mask + e : nullptr, len, sc + s0, of + s0, qmin, qmax, fmt);
         e += len;
       } else {  // a run of elements sharing one scale
         const int64_t s = (e / B) % S;
         int64_t len = B - e % B;
         if (len > end - e) len = end - e;
-        fwd_run<T, C, MODE, false>(x + e, y + e, mask ? mask + e : nullptr, len, sc + s, of + s, qmin, qmax);
+        fwd_run<T, C, MODE, false>(x + e, y + e, mask ? mask + e : nullptr, len, sc + s, of + s, qmin, qmax, fmt);
         e += len;
       }
     }
@@ -441,6 +520,35 @@ int quanta_affine_backward(int mode, int dtype, int wide, const void* g, const v
   return 0;
 }
 
-int quanta_abi_version() { return 2; }
+// Float fake quantization cast(x / s) * s, computed in float (double for float64 storage).
+int quanta_float_forward(int dtype, const void* x, void* y, uint8_t* mask, int64_t P, int64_t S, int64_t B,
+                         const void* sc, int emin, int emax, int mbits, double fmax, int no_neg_zero, int nthreads) {
+  Fmt f;
+  f.emin = emin;
+  f.emax = emax;
+  f.mbits = mbits;
+  f.fmax = fmax;
+  f.no_neg_zero = no_neg_zero;
+  if (dtype == 0) {
+    auto s = static_cast<const float*>(sc);
+    forward<F32, float, FLOAT_QDQ>(static_cast<const float*>(x), static_cast<float*>(y), mask, P, S, B, s, s, 0.f,
+                                   0.f, nthreads, f);
+  } else if (dtype == 1) {
+    auto s = static_cast<const double*>(sc);
+    forward<F64, double, FLOAT_QDQ>(static_cast<const double*>(x), static_cast<double*>(y), mask, P, S, B, s, s,
+                                    0.0, 0.0, nthreads, f);
+  } else if (dtype == 2 || dtype == 3) {
+    auto s = static_cast<const float*>(sc);
+    auto xs = static_cast<const uint16_t*>(x);
+    auto ys = static_cast<uint16_t*>(y);
+    if (dtype == 2) forward<F16, float, FLOAT_QDQ>(xs, ys, mask, P, S, B, s, s, 0.f, 0.f, nthreads, f);
+    else forward<BF16, float, FLOAT_QDQ>(xs, ys, mask, P, S, B, s, s, 0.f, 0.f, nthreads, f);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+int quanta_abi_version() { return 3; }
 
 }  // extern "C"
