@@ -122,6 +122,27 @@ def run_mode(args) -> list[dict]:
         add("dequantize", f"{gname} 8-bit fp32",
             ratio(lambda: Q.affine.dequantize(q, s, o, block_size=block), q.clone, pairs=args.pairs))
 
+    # 3b. float fake-cast (FloatQuantizeDequantize's kernel), fp32, per-tensor scale
+    from quanta.grids.float import FLOAT8_E4M3FN, FP4_E2M1, FloatFormat
+    from quanta.kernels import float_cast
+
+    fs = torch.tensor(0.01)
+    for fmt in (FLOAT8_E4M3FN, FP4_E2M1, FloatFormat(3, 5)):
+        rows_ = slice(0, 32)
+        with native.disabled():
+            ref = float_cast.quantize_dequantize(x[rows_], fs, fmt)
+        assert torch.equal(float_cast.quantize_dequantize(x[rows_], fs, fmt), ref), "native float path disagrees"
+        add("float fake-cast forward", f"{fmt.name()} fp32",
+            ratio(lambda: float_cast.quantize_dequantize(x, fs, fmt), x.clone, pairs=args.pairs))
+        xs = x.clone().requires_grad_()
+
+        def float_fb():
+            xs.grad = None
+            float_cast.quantize_dequantize(xs, fs, fmt).backward(g)
+
+        add("float fake-cast forward+backward", f"{fmt.name()} fp32 (input grad)",
+            ratio(float_fb, x.clone, pairs=args.pairs))
+
     # 4. per-call overhead: a calibrated quantizer vs nn.Linear(64, 64) on the same 8x64 input
     small = torch.randn(8, 64, generator=gen)
     lin = torch.nn.Linear(64, 64)
