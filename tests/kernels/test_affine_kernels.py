@@ -9,23 +9,14 @@ from hypothesis import strategies as st
 
 from quanta.grids.affine import IntegerGrid
 from quanta.kernels import affine as K
-from quanta.kernels import native
 from quanta.kernels.reference import (
     dequantize_reference,
     quantize_dequantize_reference,
     quantize_reference,
 )
 
-@pytest.fixture(autouse=True, params=["native", "eager"])
-def kernel_path(request):
-    """Every test here runs on both implementations: the native kernel and the eager PyTorch path."""
-    if request.param == "eager":
-        with native.disabled():
-            yield request.param
-    else:
-        if native.library() is None:
-            pytest.skip(f"native kernels unavailable: {native.status()}")
-        yield request.param
+# every test here runs on both implementations (fixture in conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
 
 
 _INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,

@@ -24,16 +24,8 @@ from quanta.kernels import float_cast as K
 from quanta.kernels import native
 
 
-@pytest.fixture(autouse=True, params=["native", "eager"])
-def kernel_path(request):
-    """Every test here runs on both implementations."""
-    if request.param == "eager":
-        with native.disabled():
-            yield request.param
-    else:
-        if native.library() is None:
-            pytest.skip(f"native kernels unavailable: {native.status()}")
-        yield request.param
+# every test here runs on both implementations (fixture in conftest.py)
+pytestmark = pytest.mark.usefixtures("kernel_path")
 
 SMALL = [FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FNUZ, FLOAT8_E5M2FNUZ, FP6_E3M2, FP6_E2M3, FP4_E2M1,
          FloatFormat(3, 4, SpecialValues.IEEE), FloatFormat(1, 2, SpecialValues.FINITE)]

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from quanta.encodings.granularity import granularity
 from quanta.grids.affine import GridProperties, IntegerGrid
 from quanta.kernels import affine as kernels
 from quanta.kernels.blocks import check_block_size
@@ -65,11 +66,7 @@ class AffineEncoding(GridProperties):
     @property
     def granularity(self) -> str:
         """``"per_tensor"``, ``"per_channel"`` or ``"per_block"`` (for reports and export)."""
-        if self.scale.numel() == 1:
-            return "per_tensor"
-        if self.block_size is not None and any(b not in (1, -1) for b in self.block_size):
-            return "per_block"
-        return "per_channel"
+        return granularity(self.scale, self.block_size)
 
     @property
     def min(self) -> torch.Tensor:

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from quanta.grids.float import FloatFormat, SpecialValues
+from quanta.encodings.granularity import granularity
+from quanta.grids.float import FloatFormat, FormatProperties, SpecialValues
 from quanta.kernels import float_cast as kernels
 from quanta.kernels.blocks import check_block_size
 
@@ -15,7 +16,7 @@ __all__ = ["FloatEncoding"]
 _STANDARD = (torch.float32, torch.float64)
 
 
-class FloatEncoding:
+class FloatEncoding(FormatProperties):
     """``QDQ(x) = cast(x / scale) * scale`` onto a :class:`FloatFormat`.
 
     ``scale = maxval / format.max``: the value that maps to the format's largest
@@ -43,29 +44,14 @@ class FloatEncoding:
         return self.scale * self.format.max
 
     @property
-    def exponent_bits(self) -> int:
-        return self.format.exponent_bits
-
-    @property
-    def mantissa_bits(self) -> int:
-        return self.format.mantissa_bits
-
-    @property
-    def bitwidth(self) -> int:
-        return self.format.bits
-
-    @property
     def dtype(self) -> torch.dtype | None:
         """The torch dtype of :meth:`quantized_repr`, if torch has this format."""
         return self.format.torch_dtype
 
     @property
     def granularity(self) -> str:
-        if self.scale.numel() == 1:
-            return "per_tensor"
-        if self.block_size is not None and any(b not in (1, -1) for b in self.block_size):
-            return "per_block"
-        return "per_channel"
+        """``"per_tensor"``, ``"per_channel"`` or ``"per_block"``."""
+        return granularity(self.scale, self.block_size)
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         """Values of the format, ``cast(x / scale)`` (float32, or float64 for float64 input)."""

@@ -41,6 +41,7 @@ __all__ = [
     "BFLOAT16",
     "FLOAT16",
     "PRESETS",
+    "FormatProperties",
 ]
 
 
@@ -229,3 +230,22 @@ _TORCH_DTYPES: dict[FloatFormat, torch.dtype] = {
 #: Named presets.
 PRESETS: dict[str, FloatFormat] = {f.name(): f for f in (
     FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FNUZ, FLOAT8_E5M2FNUZ, FP6_E3M2, FP6_E2M3, FP4_E2M1, BFLOAT16, FLOAT16)}
+
+
+class FormatProperties:
+    """Mixin for objects with a float ``format``: AIMET's attribute names for it."""
+
+    format: FloatFormat
+
+    @property
+    def exponent_bits(self) -> int:
+        return self.format.exponent_bits
+
+    @property
+    def mantissa_bits(self) -> int:
+        return self.format.mantissa_bits
+
+    @property
+    def bitwidth(self) -> int:
+        """Bits per value (sign + exponent + mantissa)."""
+        return self.format.bits

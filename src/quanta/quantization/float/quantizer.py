@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from quanta.encodings.float import FloatEncoding
-from quanta.grids.float import FloatFormat
+from quanta.grids.float import FloatFormat, FormatProperties
 from quanta.kernels import float_cast as kernels
 from quanta.kernels.blocks import check_block_size, resolve_layout
 from quanta.quantization.base import QuantizerBase
@@ -23,7 +23,7 @@ from quanta.tensors.quantized import DequantizedTensor, QuantizedTensor, Quantiz
 __all__ = ["FloatQuantizeDequantize", "QuantizeDequantize"]
 
 
-class FloatQuantizeDequantize(QuantizerBase):
+class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
     r"""Simulate a float format: ``out = cast(x / scale) * scale``, ``scale = maxval / format_max``.
 
     ``cast`` rounds to the nearest value of the format (ties to even, subnormals
@@ -97,19 +97,6 @@ class FloatQuantizeDequantize(QuantizerBase):
         self.register_buffer("maxval", torch.full(self.shape, self.format.max, dtype=torch.float32))
         self._set_initialized(True)
         self._dynamic_maxval: torch.Tensor | None = None
-
-    # AIMET's descriptive attributes
-    @property
-    def exponent_bits(self) -> int:
-        return self.format.exponent_bits
-
-    @property
-    def mantissa_bits(self) -> int:
-        return self.format.mantissa_bits
-
-    @property
-    def bitwidth(self) -> int:
-        return self.format.bits
 
     def get_scale(self) -> torch.Tensor:
         """``maxval / format_max``."""
