@@ -55,6 +55,8 @@ __all__ = [
     "E4M3_MAX",
     "check_num_bits",
     "check_fp8_format",
+    "resolve_num_bits",
+    "is_fp8",
     "tensor_quant_bounds",
     "amax_compute_dtype",
     "amax_scale",
@@ -62,6 +64,7 @@ __all__ = [
     "fake_tensor_quant",
     "e4m3_quant",
     "fake_e4m3_quant",
+    "scaled_e4m3",
     "clip",
     "TensorQuantFunction",
     "FakeTensorQuantFunction",
@@ -106,6 +109,34 @@ def check_fp8_format(exponent_bits: object, mantissa_bits: object) -> None:
         raise NotImplementedError(
             f"only E=4, M=3 (float8 e4m3fn) is supported, got E={exponent_bits!r}, M={mantissa_bits!r}"
         )
+
+
+def resolve_num_bits(num_bits: object) -> int | tuple[int, int]:
+    """``num_bits`` of the TensorRT dialect: an int in ``[1, 32]`` or the FP8 format ``(4, 3)`` (a list is accepted).
+
+    >>> resolve_num_bits([4, 3])
+    (4, 3)
+    >>> resolve_num_bits((5, 2))
+    Traceback (most recent call last):
+    ...
+    ValueError: num_bits must be an int in [1, 32] or the tuple (4, 3) for FP8 e4m3, got (5, 2)
+    """
+    if isinstance(num_bits, (tuple, list)):
+        fmt = tuple(num_bits)
+        if len(fmt) == 2 and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in fmt) \
+                and tuple(int(v) for v in fmt) == (4, 3):
+            return (4, 3)
+        raise ValueError(f"num_bits must be an int in [1, {MAX_NUM_BITS}] or the tuple (4, 3) for FP8 e4m3, got {fmt}")
+    return check_num_bits(num_bits)
+
+
+def is_fp8(num_bits: object) -> bool:
+    """True for the FP8 format ``(4, 3)``.
+
+    >>> is_fp8((4, 3)), is_fp8(8)
+    (True, False)
+    """
+    return isinstance(num_bits, tuple) and num_bits == (4, 3)
 
 
 def _check_flag(name: str, value: object) -> bool:
@@ -255,7 +286,7 @@ class _IntPlan:
             )
         self.unsigned = bool(unsigned)
         self.grid = IntegerGrid(self.min_bound, self.max_bound)
-        self.cdt = self.grid.compute_dtype(x.dtype)
+        self.cdt = amax_compute_dtype(x.dtype, self.min_bound, self.max_bound)
 
 
 def _int_codes(x: torch.Tensor, amax: object, p: _IntPlan, want_mask: bool
@@ -484,6 +515,17 @@ def fake_e4m3_quant(inputs: torch.Tensor, amax: torch.Tensor | float | None) -> 
     if _needs_grad(inputs):
         return ScaledE4M3Function.apply(inputs, amax, 4, 3)
     return _fake_e4m3_raw(inputs, amax)[0]
+
+
+def scaled_e4m3(inputs: torch.Tensor, amax: torch.Tensor | float | None = None, E: int = 4, M: int = 3  # noqa: N803
+                ) -> torch.Tensor:
+    """NVIDIA's name for :func:`fake_e4m3_quant`; ``E``/``M`` must be 4/3 (NotImplementedError otherwise).
+
+    >>> scaled_e4m3(torch.tensor([0.3, 1.0]), torch.tensor(1.0), 4, 3)
+    tensor([0.2857, 1.0000])
+    """
+    check_fp8_format(E, M)
+    return fake_e4m3_quant(inputs, amax)
 
 
 # -- clipping (learned amax) ----------------------------------------------------------------------------------

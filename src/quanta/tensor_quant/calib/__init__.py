@@ -1,0 +1,13 @@
+"""Calibrators of the TensorRT dialect (``pytorch_quantization.calib`` → ``quanta.tensor_quant.calib``).
+
+:class:`MaxCalibrator` tracks the running absolute maximum;
+:class:`HistogramCalibrator` collects histograms of ``|x|`` and computes amax by
+entropy (KL divergence), MSE or percentile. Both work per tensor and per axis,
+on CPU.
+"""
+
+from quanta.tensor_quant.calib.calibrator import Calibrator
+from quanta.tensor_quant.calib.histogram import GrowMethod, HistogramCalibrator, HistogramMethod
+from quanta.tensor_quant.calib.max import MaxCalibrator
+
+__all__ = ["Calibrator", "MaxCalibrator", "HistogramCalibrator", "HistogramMethod", "GrowMethod"]
