@@ -143,6 +143,26 @@ def run_mode(args) -> list[dict]:
         add("float fake-cast forward+backward", f"{fmt.name()} fp32 (input grad)",
             ratio(float_fb, x.clone, pairs=args.pairs))
 
+    # 3c. TensorRT dialect: fake_tensor_quant (amax), fp32, per-tensor and per-channel amax
+    from quanta import tensor_quant as tq
+    from quanta.kernels.amax_reference import fake_tensor_quant_reference
+
+    for aname, amax in (("per-tensor", torch.tensor(3.0)), ("per-channel", x.abs().amax(1, keepdim=True))):
+        sub = slice(0, 32)
+        a_sub = amax if amax.dim() == 0 else amax[sub]
+        ref = fake_tensor_quant_reference(x[sub], a_sub, 8, False, True)
+        assert torch.equal(tq.fake_tensor_quant(x[sub], a_sub), ref), "fake_tensor_quant disagrees with reference"
+        add("fake_tensor_quant forward", f"{aname} 8-bit fp32",
+            ratio(lambda: tq.fake_tensor_quant(x, amax), x.clone, pairs=args.pairs))
+        xs = x.clone().requires_grad_()
+
+        def tq_fb():
+            xs.grad = None
+            tq.fake_tensor_quant(xs, amax).backward(g)
+
+        add("fake_tensor_quant forward+backward", f"{aname} 8-bit fp32 (input grad)",
+            ratio(tq_fb, x.clone, pairs=args.pairs))
+
     # 4. per-call overhead: a calibrated quantizer vs nn.Linear(64, 64) on the same 8x64 input
     small = torch.randn(8, 64, generator=gen)
     lin = torch.nn.Linear(64, 64)

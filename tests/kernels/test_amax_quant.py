@@ -510,3 +510,30 @@ def test_fake_quant_is_monotonic(values, amax, config):
         x = torch.sort(x.abs()).values
     y = K.fake_tensor_quant(x, torch.tensor(amax), num_bits, unsigned, narrow)
     assert bool((y[1:] >= y[:-1]).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("amax_shape", [(), (6, 1), (1, 40), (6, 40)])
+@pytest.mark.parametrize("num_bits, unsigned, narrow", [(8, False, True), (4, False, False), (8, True, False)])
+def test_native_and_eager_paths_give_the_same_bits(dtype, amax_shape, num_bits, unsigned, narrow):
+    from quanta.kernels import native
+
+    gen = torch.Generator().manual_seed(num_bits)
+    x = (torch.randn(6, 40, generator=gen) * 3).to(dtype)
+    if unsigned:
+        x = x.abs()
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), 0.0, -0.0 if not unsigned else 0.0]).to(dtype)
+    amax = torch.rand(amax_shape, generator=gen) * 2 + 0.1
+    if amax.numel() > 1:
+        amax.view(-1)[0] = 0.0  # a tiny amax: zeros there
+    fast_fake = K.fake_tensor_quant(x, amax, num_bits, unsigned, narrow)
+    fast_q, fast_s = K.tensor_quant(x, amax, num_bits, unsigned, narrow)
+    with native.disabled():
+        slow_fake = K.fake_tensor_quant(x, amax, num_bits, unsigned, narrow)
+        slow_q, slow_s = K.tensor_quant(x, amax, num_bits, unsigned, narrow)
+    for a, b in ((fast_fake, slow_fake), (fast_q, slow_q), (fast_s, slow_s)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(torch.isnan(a), torch.isnan(b))
+        assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+        nan = torch.isnan(a)  # a NaN's sign bit is not a value
+        assert torch.equal(torch.signbit(a)[~nan], torch.signbit(b)[~nan])

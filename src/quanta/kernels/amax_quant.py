@@ -48,7 +48,9 @@ import numpy as np
 import torch
 
 from quanta.grids.affine import IntegerGrid
+from quanta.kernels import native
 from quanta.kernels.affine import codes_dtype
+from quanta.kernels.blocks import resolve_layout
 
 __all__ = [
     "EPSILON",
@@ -303,17 +305,51 @@ def _int_codes(x: torch.Tensor, amax: object, p: _IntPlan, want_mask: bool
     return y, scale, a, mask
 
 
+def _native_int(mode: int, x: torch.Tensor, amax: object, p: _IntPlan, out_dtype: torch.dtype, want_mask: bool):
+    """The one-pass native kernel for the integer modes, or None where it does not apply.
+
+    Same validation, same arithmetic and order as :func:`_int_codes` (``x * scale``, round,
+    clamp, times 0 where amax is tiny, then ``/ scale`` for fake quant), so the same bits.
+    """
+    if x.device.type != "cpu" or out_dtype != x.dtype or not native.supports(x.dtype) or x.numel() == 0:
+        return None
+    a = _check_amax(amax, x, p.cdt)
+    try:
+        layout = resolve_layout(x.shape, a.shape, None)
+    except ValueError:
+        return None
+    psb = layout.psb()
+    if psb is None or native.library() is None:
+        return None
+    if p.unsigned:
+        _check_unsigned_input(x)
+    scale = amax_scale(a, p.max_bound, p.cdt)
+    keep = (a > EPSILON).to(p.cdt)
+    flat = lambda t: t.contiguous().reshape(-1)  # noqa: E731
+    y, _ = native.Call(x.dtype, p.cdt, psb, p.min_bound, p.max_bound).forward(mode, x.detach(), flat(scale),
+                                                                                flat(keep))
+    mask = (x.detach().abs() <= a) if want_mask else None
+    return y, scale, a, mask
+
+
 def _tensor_quant_raw(x, amax, num_bits, unsigned, narrow_range, want_mask=False):
     x = _check_input(x)
     p = _IntPlan(x, num_bits, unsigned, narrow_range)
-    y, scale, a, mask = _int_codes(x, amax, p, want_mask)
     out_dtype = codes_dtype(x.dtype, p.grid)
+    fast = _native_int(native.AMAX_Q, x, amax, p, out_dtype, want_mask)
+    if fast is not None:
+        y, scale, a, mask = fast
+        return y, _scale_for_output(scale, out_dtype, a), mask
+    y, scale, a, mask = _int_codes(x, amax, p, want_mask)
     return y.to(out_dtype), _scale_for_output(scale, out_dtype, a), mask
 
 
 def _fake_tensor_quant_raw(x, amax, num_bits, unsigned, narrow_range, want_mask=False):
     x = _check_input(x)
     p = _IntPlan(x, num_bits, unsigned, narrow_range)
+    fast = _native_int(native.AMAX_FQ, x, amax, p, x.dtype, want_mask)
+    if fast is not None:
+        return fast[0], fast[3]
     y, scale, _, mask = _int_codes(x, amax, p, want_mask)
     return y.div_(scale).to(x.dtype), mask
 

@@ -28,14 +28,15 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["library", "status", "disabled", "supports", "Call", "QDQ", "Q", "DQ"]
+__all__ = ["library", "status", "disabled", "supports", "Call", "float_forward", "QDQ", "Q", "DQ", "AMAX_FQ",
+           "AMAX_Q"]
 
-QDQ, Q, DQ = 0, 1, 2
+QDQ, Q, DQ, AMAX_FQ, AMAX_Q = 0, 1, 2, 4, 5
 _DTYPE_CODE = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 _SOURCE = pathlib.Path(__file__).with_name("affine.cpp")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared",
           "-std=c++17"]
-_ABI_VERSION = 3
+_ABI_VERSION = 4
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None

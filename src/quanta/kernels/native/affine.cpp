@@ -112,7 +112,9 @@ constexpr bool kDirect = std::is_same<typename T::S, C>::value;
 constexpr int64_t kTile = 1024;    // elements converted at a time for non-native storage
 constexpr int64_t kChunk = 16384;  // elements per forward work item
 
-enum Mode { QDQ = 0, Q = 1, DQ = 2, FLOAT_QDQ = 3 };
+// AMAX_FQ / AMAX_Q: TensorRT's amax convention, the scale a multiplier s and "offset" a keep-factor t
+// (0 where amax is too small, else 1): q = clamp(nearbyint(x * s), qmin, qmax) * t, fake = q / s.
+enum Mode { QDQ = 0, Q = 1, DQ = 2, FLOAT_QDQ = 3, AMAX_FQ = 4, AMAX_Q = 5 };
 
 // A float format for FLOAT_QDQ: round to nearest even at step 2**(clamp(floor(log2|v|), emin, emax) - m),
 // saturate at +-fmax, NaN passes; no_neg_zero turns -0.0 into +0.0 (fnuz formats).
@@ -199,7 +201,11 @@ inline void fwd_compute(const C* __restrict x, C* __restrict y, uint8_t* __restr
     const C s = VEC ? sp[i] : s0;
     const C o = VEC ? op[i] : o0;
     const C xv = x[i];
-    if (MODE == FLOAT_QDQ) {
+    if (MODE == AMAX_FQ || MODE == AMAX_Q) {
+      const C v = std::nearbyint(xv * s);
+      const C q = (v < qmin ? qmin : (v > qmax ? qmax : v)) * o;
+      y[i] = MODE == AMAX_Q ? q : q / s;
+    } else if (MODE == FLOAT_QDQ) {
       const C v = xv / s;
       if (MASK) mask[i] = static_cast<uint8_t>(std::fabs(v) <= static_cast<C>(fmt.fmax));
       if constexpr (std::is_same<C, float>::value) y[i] = float_cast_f32(v, fmtf) * s;
@@ -465,6 +471,8 @@ void forward_mode(int mode, const void* x, void* y, uint8_t* mask, int64_t P, in
   auto o = static_cast<const C*>(of);
   if (mode == QDQ) forward<T, C, QDQ>(xs, ys, mask, P, S, B, s, o, C(qmin), C(qmax), nt);
   else if (mode == Q) forward<T, C, Q>(xs, ys, mask, P, S, B, s, o, C(qmin), C(qmax), nt);
+  else if (mode == AMAX_FQ) forward<T, C, AMAX_FQ>(xs, ys, nullptr, P, S, B, s, o, C(qmin), C(qmax), nt);
+  else if (mode == AMAX_Q) forward<T, C, AMAX_Q>(xs, ys, nullptr, P, S, B, s, o, C(qmin), C(qmax), nt);
   else forward<T, C, DQ>(xs, ys, mask, P, S, B, s, o, C(qmin), C(qmax), nt);
 }
 
@@ -549,6 +557,6 @@ int quanta_float_forward(int dtype, const void* x, void* y, uint8_t* mask, int64
   return 0;
 }
 
-int quanta_abi_version() { return 3; }
+int quanta_abi_version() { return 4; }
 
 }  // extern "C"
