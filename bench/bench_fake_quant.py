@@ -218,11 +218,27 @@ def _anchor_rows(args, x, setups) -> list[dict]:
             rows.append({"section": "vs AIMET", "case": f"{gname} 8-bit fp32 forward+backward (AIMET / quanta)",
                          "ratio": r[0], "ms": r[1] * 1e3, "base_ms": r[2] * 1e3})
     try:
-        from quanta.quantization import quant_primitives  # noqa: F401
-        import torchao  # noqa: F401
-    except Exception as e:
+        from quanta.quantization import quant_primitives as QP
+        from torchao.quantization import quant_primitives as TP
+    except Exception as e:  # any import failure: the column is n/a
         rows.append({"section": "vs torchao", "case": "n/a",
                      "note": f"needs torchao and quanta.quantization.quant_primitives ({type(e).__name__})"})
+    else:
+        n = x.shape[-1]
+        for gname, block in (("per-tensor", (x.shape[0], n)), ("per-channel", (1, n)), ("per-group(64)", (1, 64))):
+            s, zp = QP.choose_qparams_affine(x, QP.MappingType.ASYMMETRIC, block, torch.uint8)
+            ts, tzp = TP.choose_qparams_affine(x, TP.MappingType.ASYMMETRIC, block, torch.uint8)
+            assert torch.equal(s, ts) and torch.equal(zp, tzp), f"choose_qparams_affine disagrees ({gname})"
+
+            def q_fn(P=QP, s=s, zp=zp, block=block):
+                q = P.quantize_affine(x, block, s, zp, torch.uint8)
+                return P.dequantize_affine(q, block, s, zp, torch.uint8)
+
+            a, b = q_fn(TP), q_fn(QP)
+            assert torch.equal(a, b), f"torchao and quanta disagree ({gname})"
+            r = ratio(lambda: q_fn(TP), lambda: q_fn(QP), pairs=args.pairs)
+            rows.append({"section": "vs torchao", "case": f"{gname} uint8 quantize_affine+dequantize_affine "
+                         "(torchao time / quanta time)", "ratio": r[0], "ms": r[1] * 1e3, "base_ms": r[2] * 1e3})
     # torch's own fused kernel, for orientation only: it multiplies by 1/scale, so its bits differ at ties
     s, o = setups["per-tensor"][0].item(), 0
     r = ratio(lambda: torch.fake_quantize_per_tensor_affine(x, s, o, -128, 127),

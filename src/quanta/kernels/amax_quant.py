@@ -324,11 +324,10 @@ def _native_int(mode: int, x: torch.Tensor, amax: object, p: _IntPlan, out_dtype
     if p.unsigned:
         _check_unsigned_input(x)
     scale = amax_scale(a, p.max_bound, p.cdt)
-    keep = (a > EPSILON).to(p.cdt)
     flat = lambda t: t.contiguous().reshape(-1)  # noqa: E731
-    y, _ = native.Call(x.dtype, p.cdt, psb, p.min_bound, p.max_bound).forward(mode, x.detach(), flat(scale),
-                                                                                flat(keep))
-    mask = (x.detach().abs() <= a) if want_mask else None
+    # the kernel keeps codes only where amax > 2**-24 (EPSILON) and writes the |x| <= amax mask
+    y, mask = native.Call(x.dtype, p.cdt, psb, p.min_bound, p.max_bound).forward(
+        mode, x.detach(), flat(scale), flat(a), want_mask=want_mask)
     return y, scale, a, mask
 
 

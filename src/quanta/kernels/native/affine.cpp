@@ -112,8 +112,9 @@ constexpr bool kDirect = std::is_same<typename T::S, C>::value;
 constexpr int64_t kTile = 1024;    // elements converted at a time for non-native storage
 constexpr int64_t kChunk = 16384;  // elements per forward work item
 
-// AMAX_FQ / AMAX_Q: TensorRT's amax convention, the scale a multiplier s and "offset" a keep-factor t
-// (0 where amax is too small, else 1): q = clamp(nearbyint(x * s), qmin, qmax) * t, fake = q / s.
+// AMAX_FQ / AMAX_Q: TensorRT's amax convention; the scale s is a multiplier and the "offset" slot holds
+// amax: q = clamp(nearbyint(x * s), qmin, qmax) * (amax > 2**-24 ? 1 : 0), fake = q / s,
+// mask = |x| <= amax (the straight-through window).
 enum Mode { QDQ = 0, Q = 1, DQ = 2, FLOAT_QDQ = 3, AMAX_FQ = 4, AMAX_Q = 5 };
 
 // A float format for FLOAT_QDQ: round to nearest even at step 2**(clamp(floor(log2|v|), emin, emax) - m),
@@ -203,7 +204,9 @@ inline void fwd_compute(const C* __restrict x, C* __restrict y, uint8_t* __restr
     const C xv = x[i];
     if (MODE == AMAX_FQ || MODE == AMAX_Q) {
       const C v = std::nearbyint(xv * s);
-      const C q = (v < qmin ? qmin : (v > qmax ? qmax : v)) * o;
+      const C keep = o > C(5.9604644775390625e-08) ? C(1) : C(0);
+      const C q = (v < qmin ? qmin : (v > qmax ? qmax : v)) * keep;
+      if (MASK) mask[i] = static_cast<uint8_t>(std::fabs(xv) <= o);
       y[i] = MODE == AMAX_Q ? q : q / s;
     } else if (MODE == FLOAT_QDQ) {
       const C v = xv / s;
@@ -471,8 +474,8 @@ void forward_mode(int mode, const void* x, void* y, uint8_t* mask, int64_t P, in
   auto o = static_cast<const C*>(of);
   if (mode == QDQ) forward<T, C, QDQ>(xs, ys, mask, P, S, B, s, o, C(qmin), C(qmax), nt);
   else if (mode == Q) forward<T, C, Q>(xs, ys, mask, P, S, B, s, o, C(qmin), C(qmax), nt);
-  else if (mode == AMAX_FQ) forward<T, C, AMAX_FQ>(xs, ys, nullptr, P, S, B, s, o, C(qmin), C(qmax), nt);
-  else if (mode == AMAX_Q) forward<T, C, AMAX_Q>(xs, ys, nullptr, P, S, B, s, o, C(qmin), C(qmax), nt);
+  else if (mode == AMAX_FQ) forward<T, C, AMAX_FQ>(xs, ys, mask, P, S, B, s, o, C(qmin), C(qmax), nt);
+  else if (mode == AMAX_Q) forward<T, C, AMAX_Q>(xs, ys, mask, P, S, B, s, o, C(qmin), C(qmax), nt);
   else forward<T, C, DQ>(xs, ys, mask, P, S, B, s, o, C(qmin), C(qmax), nt);
 }
 
@@ -557,6 +560,6 @@ int quanta_float_forward(int dtype, const void* x, void* y, uint8_t* mask, int64
   return 0;
 }
 
-int quanta_abi_version() { return 4; }
+int quanta_abi_version() { return 5; }
 
 }  // extern "C"
