@@ -226,7 +226,7 @@ class _AffineFunction(torch.autograd.Function):
         mode, p, use_mask = ctx.meta
         if use_mask:
             (inside,) = ctx.saved_tensors
-            return torch.where(inside, grad, 0.0), None, None, None, None, None, None
+            return native.straight_through(grad, inside), None, None, None, None, None, None
         x, scale, offset = ctx.saved_tensors
         dx, ds, do = backward_raw(mode, grad, x, scale, offset, p, tuple(ctx.needs_input_grad[:3]))
         return dx, ds, do, None, None, None, None

@@ -393,7 +393,7 @@ def _ste_backward(ctx, grad: torch.Tensor) -> torch.Tensor | None:
     if not ctx.needs_input_grad[0]:
         return None
     (mask,) = ctx.saved_tensors
-    return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)).to(ctx.input_dtype)
+    return native.straight_through(grad, mask).to(ctx.input_dtype)
 
 
 class TensorQuantFunction(torch.autograd.Function):

@@ -91,7 +91,7 @@ class _FloatQDQ(torch.autograd.Function):
         fmt, layout, recompute = ctx.meta
         if not recompute:
             (inside,) = ctx.saved_tensors
-            return torch.where(inside, grad, 0.0), None, None, None
+            return native.straight_through(grad, inside), None, None, None
         x, scale = ctx.saved_tensors
         cdt = _compute_dtype(x.dtype)
         s = layout.scale_to_blocks(scale.to(cdt))

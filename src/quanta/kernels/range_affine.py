@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from quanta.grids.affine import IntegerGrid
+from quanta.kernels import native
 from quanta.kernels.affine import QDQ, AffinePlan, backward_raw, forward_raw
 from quanta.kernels.qparams import offset_from_range, scale_from_range
 
@@ -53,7 +54,7 @@ class _RangeAffine(torch.autograd.Function):
         call = ctx.call
         if ctx.use_mask:
             (inside,) = ctx.saved_tensors
-            return torch.where(inside, grad, 0.0), None, None, None
+            return native.straight_through(grad, inside), None, None, None
         x, mn, mx = ctx.saved_tensors
         needs_range = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         dx, ds, do = backward_raw(call.mode, grad, x, call.scale, call.offset, call.plan,

@@ -149,3 +149,19 @@ def test_out_argument_reuses_the_buffer():
         K.quantize_dequantize(x, torch.tensor(0.02), torch.tensor(0.0), g, out=torch.empty(3))
     with pytest.raises(RuntimeError, match="autograd"):
         K.quantize_dequantize(x.requires_grad_(), torch.tensor(0.02), torch.tensor(0.0), g, out=buf)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_straight_through_equals_torch_where(dtype):
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(37, 41, generator=gen).to(dtype)
+    g[0, :4] = torch.tensor([float("nan"), -0.0, float("inf"), -float("inf")]).to(dtype)
+    mask = torch.rand(37, 41, generator=gen) < 0.5
+    mask[0, :4] = True
+    for gg, mm in ((g, mask), (g.t(), mask.t())):  # contiguous and transposed
+        got = native.straight_through(gg, mm)
+        ref = torch.where(mm, gg, 0.0)
+        assert got.dtype == ref.dtype and got.shape == ref.shape
+        assert torch.equal(got.isnan(), ref.isnan())
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(ref))
+        assert torch.equal(torch.signbit(got), torch.signbit(ref))
