@@ -22,7 +22,7 @@ from torch import nn
 
 from quanta.quantization.affine import AffineEncoding, Quantize, QuantizeDequantize
 from quanta.quantization.encoding_analyzer import MinMaxEncodingAnalyzer
-from quanta.tensors.quantized import DequantizedTensor, QuantizedTensor
+from quanta.tensors.quantized import QuantizedTensor
 
 QUANTIZERS = [Quantize, QuantizeDequantize]
 EPS32 = torch.finfo(torch.float32).eps
