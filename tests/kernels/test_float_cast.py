@@ -28,7 +28,10 @@ from quanta.kernels import native
 pytestmark = pytest.mark.usefixtures("kernel_path")
 
 SMALL = [FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FNUZ, FLOAT8_E5M2FNUZ, FP6_E3M2, FP6_E2M3, FP4_E2M1,
-         FloatFormat(3, 4, SpecialValues.IEEE), FloatFormat(1, 2, SpecialValues.FINITE)]
+         FloatFormat(3, 4, SpecialValues.IEEE), FloatFormat(1, 2, SpecialValues.FINITE),
+         # no mantissa bits: ties between exponent codes
+         FloatFormat(3, 0, SpecialValues.FINITE), FloatFormat(4, 0, SpecialValues.UNSIGNED_ZERO),
+         FloatFormat(2, 0, SpecialValues.IEEE)]
 TORCH = [FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FNUZ, FLOAT8_E5M2FNUZ, FLOAT16, BFLOAT16]
 
 

@@ -4,6 +4,7 @@ The only code in quanta that rounds to float formats::
 
     cast(v)   = clamp(round_half_even(v / 2**k) * 2**k, -max, max)
                 with k = max(floor(log2 |v|), emin) - mantissa_bits
+                (ties go to the even code; with 0 mantissa bits that is the even exponent)
     QDQ(x)    = cast(x / s) * s                       (s = maxval / format max)
 
 Multiplying and dividing by ``2**k`` is exact, so the only rounding is the one
@@ -49,9 +50,17 @@ def fake_cast(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """
     d = v.to(torch.float64)
     _, e = torch.frexp(d)  # d = mant * 2**e, mant in [0.5, 1): floor(log2 |d|) = e - 1
-    k = torch.clamp_min(e - 1, fmt.emin) - fmt.mantissa_bits
+    e = torch.clamp_min(e - 1, fmt.emin)
+    k = e - fmt.mantissa_bits
     step = torch.ldexp(torch.ones_like(d), k)
-    out = torch.round(d / step) * step
+    t = d / step
+    r = torch.round(t)
+    if fmt.mantissa_bits == 0:
+        # Without mantissa bits a tie (1.5 * 2**e) lies between two exponent codes; ties to even
+        # means the even code, which torch.round's "even integer" (always 2) does not give.
+        down = (t.abs() == 1.5) & ((e + fmt.bias) % 2 == 0)
+        r = torch.where(down, torch.sign(t), r)
+    out = r * step
     out = torch.clamp(out, -fmt.max, fmt.max)  # inf saturates; NaN passes through clamp
     if not fmt.has_negative_zero:
         out = torch.where(out == 0, 0.0, out)

@@ -36,7 +36,7 @@ _DTYPE_CODE = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloa
 _SOURCE = pathlib.Path(__file__).with_name("affine.cpp")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared",
           "-std=c++17"]
-_ABI_VERSION = 6
+_ABI_VERSION = 7
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None

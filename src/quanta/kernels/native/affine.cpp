@@ -140,7 +140,11 @@ inline C float_cast(C v, const Fmt& f) {
   int e = static_cast<int>((b >> 52) & 0x7FF) - 1023;  // floor(log2|d|) for normal d
   e = e < f.emin ? f.emin : (e > f.emax ? f.emax : e);
   const int k = e - f.mbits;
-  double r = std::nearbyint(d * pow2(-k)) * pow2(k);
+  const double t = d * pow2(-k);
+  double rt = std::nearbyint(t);
+  // with 0 mantissa bits a tie lies between two exponent codes: ties to even means the even code
+  if (f.mbits == 0 && std::fabs(t) == 1.5 && ((e + 1 - f.emin) & 1) == 0) rt = t > 0 ? 1.0 : -1.0;
+  double r = rt * pow2(k);
   r = r > f.fmax ? f.fmax : (r < -f.fmax ? -f.fmax : r);
   if (f.no_neg_zero) r = r == 0.0 ? 0.0 : r;
   return static_cast<C>(r);
@@ -211,7 +215,8 @@ inline void fwd_compute(const C* __restrict x, C* __restrict y, uint8_t* __restr
     } else if (MODE == FLOAT_QDQ) {
       const C v = xv / s;
       if (MASK) mask[i] = static_cast<uint8_t>(std::fabs(v) <= static_cast<C>(fmt.fmax));
-      if constexpr (std::is_same<C, float>::value) y[i] = float_cast_f32(v, fmtf) * s;
+      // the bit-pattern rounding of float_cast_f32 needs mantissa bits to round into
+      if constexpr (std::is_same<C, float>::value) y[i] = (fmt.mbits ? float_cast_f32(v, fmtf) : float_cast(v, fmt)) * s;
       else y[i] = float_cast(v, fmt) * s;
     } else if (MODE == DQ) {
       y[i] = (xv + o) * s;
@@ -581,6 +586,6 @@ int quanta_masked_copy(int element_size, const void* g, const uint8_t* mask, voi
   return 0;
 }
 
-int quanta_abi_version() { return 6; }
+int quanta_abi_version() { return 7; }
 
 }  // extern "C"
