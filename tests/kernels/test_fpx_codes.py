@@ -29,8 +29,8 @@ def table(e: int, m: int) -> list[float]:
 def nearest_code(v: float, e: int, m: int) -> int:
     """Brute force: the code of the nearest value, ties to the even code, saturating at the largest.
 
-    With no mantissa bits every significand is 1, and a tie rounds the significand 1.5 to 2: the larger
-    neighbour (quanta's one float rounding, ``fake_cast``; torchao's bit trick picks the even code there).
+    With no mantissa bits the two neighbours of a tie differ in the exponent code; the even one wins
+    (quanta's ``fake_cast`` and torchao agree there).
     """
     vals = table(e, m)
     half = 2 ** (e + m)
@@ -42,7 +42,7 @@ def nearest_code(v: float, e: int, m: int) -> int:
     if len(cands) == 1:
         i = cands[0]
     else:
-        i = max(cands) if m == 0 and cands[0] > 0 else next(c for c in cands if c % 2 == 0)
+        i = next(c for c in cands if c % 2 == 0)
     return i | (half if math.copysign(1.0, v) < 0 else 0)
 
 
@@ -76,8 +76,7 @@ def test_midpoints_round_to_the_even_code(e, m):
     got = F.encode(x, fmt).tolist()
     half = 2 ** (e + m)
     for v, c in zip(x.tolist(), got):
-        if m > 0 or abs(v) < 2.0 ** (2 - 2 ** (e - 1)):  # no mantissa bits: see nearest_code
-            assert (c % half) % 2 == 0, (v, c)  # the even code of the two neighbours
+        assert (c % half) % 2 == 0, (v, c)  # the even code of the two neighbours
         assert c == nearest_code(v, e, m)
     # a hair off the midpoint goes to the nearer neighbour
     for lo, hi in zip(pos, pos[1:]):
@@ -180,7 +179,7 @@ def test_rows_scale_quantize_dequantize():
         F.dequantize_rows(codes, s[:2], fmt)
 
 
-def test_no_mantissa_bits_ties_round_the_significand_up():
-    fmt = F.fpx_format(3, 0)  # values 0, 0.25, 0.5, 1, 2, 4, 8, 16
+def test_no_mantissa_bits_ties_go_to_the_even_code():
+    fmt = F.fpx_format(3, 0)  # values 0, 0.25, 0.5, 1, 2, 4, 8, 16 (codes 0..7)
     assert F.decode(F.encode(torch.tensor([0.75, 3.0, 12.0, 0.375, 0.125]), fmt), fmt).tolist() == [
-        1.0, 4.0, 16.0, 0.5, 0.0]
+        0.5, 2.0, 8.0, 0.5, 0.0]

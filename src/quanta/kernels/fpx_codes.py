@@ -21,10 +21,9 @@ all-ones magnitude, sign kept), then reads the fields off the rounded value::
     code = S << (e + m) | (k - emin) << m  +  |v| * 2**(m - k)
 
 NaN has no code: ``encode`` raises ``ValueError`` (torchao silently returns a
-finite code). With ``m = 0`` every significand is 1 and a tie (``0.75`` between
-``0.5`` and ``1``) rounds the significand ``1.5`` to ``2``, the larger value, as
-everywhere in quanta; torchao's bit trick picks the even *code* there (``0.5``).
-Every format with ``m >= 1`` gives torchao's codes. ``decode`` is a table lookup, exact in float32.
+finite code). With ``m = 0`` a tie (``0.75`` between ``0.5`` and ``1``) lies
+between two exponent codes and goes to the even code (``0.5``), as everywhere in
+quanta and as in torchao. Every format gives torchao's codes. ``decode`` is a table lookup, exact in float32.
 
 torchao's fpx weights use one scale per row (:func:`row_scale`,
 :func:`quantize_rows`, :func:`dequantize_rows`)::
