@@ -39,6 +39,13 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _scaled(x: torch.Tensor, scale: torch.Tensor, layout: BlockLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x / s, s)`` in the compute dtype and the blocked layout (no autograd)."""
+    cdt = _compute_dtype(x.dtype)
+    s = layout.scale_to_blocks(scale.detach().to(cdt))
+    return layout.to_blocks(x.detach().to(cdt)) / s, s
+
+
 def fake_cast(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """Round ``v`` to the nearest value of ``fmt`` (ties to even, saturating), in ``v``'s dtype.
 
@@ -77,8 +84,7 @@ def _forward(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, layout: Blo
         y, mask = native.float_forward(x.detach(), psb, flat, fmt.emin, fmt.emax, fmt.mantissa_bits, fmt.max,
                                        not fmt.has_negative_zero, want_mask=want_mask)
         return y.view(x.shape), None if mask is None else mask.view(x.shape)
-    s = layout.scale_to_blocks(scale.detach().to(cdt))
-    v = layout.to_blocks(x.detach().to(cdt)) / s
+    v, s = _scaled(x, scale, layout)
     out = layout.from_blocks(fake_cast(v, fmt) * s).to(x.dtype)
     return out, layout.from_blocks(v.abs() <= fmt.max) if want_mask else None
 
@@ -103,8 +109,7 @@ class _FloatQDQ(torch.autograd.Function):
             return native.straight_through(grad, inside), None, None, None
         x, scale = ctx.saved_tensors
         cdt = _compute_dtype(x.dtype)
-        s = layout.scale_to_blocks(scale.to(cdt))
-        v = layout.to_blocks(x.to(cdt)) / s
+        v, _ = _scaled(x, scale, layout)
         c = fake_cast(v, fmt)
         inside = v.abs() <= fmt.max
         gb = layout.to_blocks(grad.to(cdt))
@@ -138,9 +143,7 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat,
              block_size: tuple[int, ...] | None = None) -> torch.Tensor:
     """The format's values ``cast(x / s)`` (no gradient), in the compute dtype."""
     layout = _plan(x, scale, block_size)
-    cdt = _compute_dtype(x.dtype)
-    v = layout.to_blocks(x.detach().to(cdt)) / layout.scale_to_blocks(scale.detach().to(cdt))
-    return layout.from_blocks(fake_cast(v, fmt))
+    return layout.from_blocks(fake_cast(_scaled(x, scale, layout)[0], fmt))
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, ...] | None = None,

@@ -150,12 +150,6 @@ def status() -> str:
     return _state
 
 
-def _reset_for_tests() -> None:
-    global _lib, _state
-    with _lock:
-        _lib, _state = None, "not loaded yet"
-
-
 def supports(dtype: torch.dtype) -> bool:
     return dtype in _DTYPE_CODE
 
