@@ -12,6 +12,7 @@ DequantizedTensor([0.2992], grad_fn=<AliasBackward0>)
 from quanta.quantization import affine, encoding_analyzer
 from quanta.quantization import float  # noqa: A004  (AIMET's module name)
 from quanta.quantization.base import QuantizerBase
+from quanta.quantization.granularity import PerAxis, PerBlock, PerGroup, PerRow, PerTensor
 from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.tensors.quantized import DequantizedTensor, QuantizedTensor, QuantizedTensorBase
 
@@ -24,4 +25,33 @@ __all__ = [
     "QuantizedTensorBase",
     "QuantizedTensor",
     "DequantizedTensor",
+    "quantize_",
+    "QuantizeReport",
+    "AOBaseConfig",
+    "Int8WeightOnlyConfig",
+    "Int4WeightOnlyConfig",
+    "Int8DynamicActivationInt8WeightConfig",
+    "Float8WeightOnlyConfig",
+    "IntxWeightOnlyConfig",
+    "FPXWeightOnlyConfig",
+    "ModuleFqnToConfig",
+    "PerTensor",
+    "PerAxis",
+    "PerRow",
+    "PerGroup",
+    "PerBlock",
 ]
+
+# quantize_ and its configs build quanta.dtypes tensors, and quanta.dtypes uses this package's
+# quant_primitives: load them on first use so that either package can be imported first.
+_QUANT_API = {"quantize_", "QuantizeReport", "AOBaseConfig", "Int8WeightOnlyConfig", "Int4WeightOnlyConfig",
+              "Int8DynamicActivationInt8WeightConfig", "Float8WeightOnlyConfig", "IntxWeightOnlyConfig",
+              "FPXWeightOnlyConfig", "ModuleFqnToConfig"}
+
+
+def __getattr__(name: str):
+    if name in _QUANT_API:
+        from quanta.quantization import quant_api
+
+        return getattr(quant_api, name)
+    raise AttributeError(f"module 'quanta.quantization' has no attribute {name!r}")

@@ -1,0 +1,75 @@
+"""Real quantized storage, torchao's ``torchao.dtypes`` API: ``AffineQuantizedTensor`` and its layouts.
+
+>>> import torch
+>>> from quanta.dtypes import AffineQuantizedTensor, UintxLayout
+>>> from quanta.quantization.quant_primitives import MappingType
+>>> w = torch.randn(64, 128)
+>>> q = AffineQuantizedTensor.from_hp_to_intx(w, MappingType.SYMMETRIC, (1, 32), torch.int4,
+...                                           _layout=UintxLayout(torch.int4))
+>>> q.storage_nbytes  # 4096 bytes of codes (half a byte each) + 256 float32 scales + 256 int32 zero points
+6144
+
+Importing this module registers the classes with ``torch.serialization``, so
+``torch.load(..., weights_only=True)`` can rebuild quantized state dicts.
+"""
+
+import torch
+
+from quanta.dtypes.affine_quantized_tensor import (
+    AffineQuantizedTensor,
+    to_affine_quantized_floatx,
+    to_affine_quantized_floatx_static,
+    to_affine_quantized_fpx,
+    to_affine_quantized_intx,
+    to_affine_quantized_intx_static,
+)
+from quanta.dtypes.layouts import (
+    Float8Layout,
+    FloatxTensorCoreLayout,
+    Int4CPULayout,
+    Layout,
+    PlainLayout,
+    UintxLayout,
+)
+from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor
+from quanta.dtypes.serialization import load_quantized, save_quantized
+from quanta.dtypes.tensor_impl import (
+    AQTTensorImpl,
+    Float8AQTTensorImpl,
+    FloatxAQTTensorImpl,
+    Int4CPUAQTTensorImpl,
+    PlainAQTTensorImpl,
+    UintxAQTTensorImpl,
+)
+from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
+
+__all__ = [
+    "AffineQuantizedTensor",
+    "LinearActivationQuantizedTensor",
+    "save_quantized",
+    "load_quantized",
+    "to_affine_quantized_intx",
+    "to_affine_quantized_intx_static",
+    "to_affine_quantized_floatx",
+    "to_affine_quantized_floatx_static",
+    "to_affine_quantized_fpx",
+    "Layout",
+    "PlainLayout",
+    "UintxLayout",
+    "Float8Layout",
+    "FloatxTensorCoreLayout",
+    "Int4CPULayout",
+    "AQTTensorImpl",
+    "PlainAQTTensorImpl",
+    "UintxAQTTensorImpl",
+    "Float8AQTTensorImpl",
+    "FloatxAQTTensorImpl",
+    "Int4CPUAQTTensorImpl",
+]
+
+# weights_only=True loading may rebuild only allow-listed classes: these are plain data holders
+torch.serialization.add_safe_globals([
+    AffineQuantizedTensor, LinearActivationQuantizedTensor, PlainLayout, UintxLayout, Float8Layout, FloatxTensorCoreLayout, Int4CPULayout,
+    PlainAQTTensorImpl, UintxAQTTensorImpl, Float8AQTTensorImpl, FloatxAQTTensorImpl, Int4CPUAQTTensorImpl,
+    ZeroPointDomain, MappingType,
+])

@@ -1,0 +1,373 @@
+"""Operations on :class:`~quanta.dtypes.AffineQuantizedTensor` (its ``__torch_dispatch__`` table).
+
+Handled on the codes, without a float copy of the whole tensor:
+
+- matmuls: ``F.linear`` (reaches here as ``t`` + ``mm``/``addmm``), ``torch.mm``,
+  ``torch.addmm``: fused CPU kernels for int8 per-row weights
+  (``torch._weight_int8pack_mm``) and :class:`~quanta.dtypes.Int4CPULayout`; any
+  other layout is dequantized a tile of rows at a time (about 1 MiB), never
+  whole;
+- ``F.embedding`` (dequantizes only the rows looked up);
+- views and copies: ``t``/``transpose``/``permute`` (2-D, a flag flip),
+  ``view``/``reshape``, slicing/``narrow``, ``select``, integer-tensor indexing
+  on dim 0, ``detach``, ``clone``, ``copy_``, ``_to_copy`` (``.to``). A view
+  keeps the tensor quantized whenever the block structure survives it.
+
+Everything else runs on the dequantized tensor after a one-time warning per
+operation, so results are right but not fast. In-place operations that would
+modify the codes are refused with ``TypeError``: silently updating a float copy
+would lose the update.
+
+>>> from quanta.dtypes import AffineQuantizedTensor
+>>> from quanta.quantization.quant_primitives import MappingType
+>>> w = AffineQuantizedTensor.from_hp_to_intx(torch.randn(8, 16), MappingType.SYMMETRIC, (1, 16), torch.int8)
+>>> x = torch.randn(2, 16)
+>>> torch.allclose(torch.nn.functional.linear(x, w), x @ w.dequantize().t(), atol=5e-2)
+True
+>>> type(w[2:4]).__name__, w[2:4].shape, type(w.t()).__name__
+('AffineQuantizedTensor', torch.Size([2, 16]), 'AffineQuantizedTensor')
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Optional
+
+import torch
+from torch.utils._pytree import tree_map
+
+from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
+from quanta.dtypes.block_ops import num_blocks, reshape_block_size, slice_block
+from quanta.dtypes.layouts import FloatxTensorCoreLayout, Int4CPULayout, PlainLayout
+from quanta.dtypes.tensor_impl import impl_class_for
+from quanta.kernels import int_linear, linear_ops
+from quanta.quantization.quant_primitives import ZeroPointDomain
+
+__all__ = ["dispatch", "implements", "linear", "swaps_2d"]
+
+aten = torch.ops.aten
+AQT = AffineQuantizedTensor
+Handler = Callable[..., object]
+_HANDLERS: dict[object, Handler] = {}
+_WARNED: set[str] = set()
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # activations the fused CPU kernels take
+_TILE_ELEMENTS = 1 << 18  # float elements dequantized at once by the tiled matmul (1 MiB in fp32)
+
+
+def implements(*ops: object) -> Callable[[Handler], Handler]:
+    """Register ``fn(func, args, kwargs)`` for aten overloads; it may return ``NotImplemented`` to fall back."""
+
+    def register(fn: Handler) -> Handler:
+        for op in ops:
+            _HANDLERS[op] = fn
+        return fn
+
+    return register
+
+
+def dispatch(func, args, kwargs):
+    handler = _HANDLERS.get(func)
+    if handler is not None:
+        out = handler(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
+    return _fallback(func, args, kwargs, handled=handler is not None)
+
+
+def _fallback(func, args, kwargs, handled: bool = False):
+    if func._schema.is_mutable:
+        raise TypeError(f"{func} would modify an AffineQuantizedTensor in place; its codes are read-only "
+                        "(dequantize() it, or re-quantize the result)")
+    name = str(func)
+    if name not in _WARNED:
+        _WARNED.add(name)
+        why = ("cannot keep this AffineQuantizedTensor quantized (its layout or block structure does not survive "
+               "the operation)" if handled else "has no implementation for AffineQuantizedTensor")
+        warnings.warn(f"quanta: {name} {why}; it runs on the dequantized tensor (a float copy). This warning is "
+                      "shown once per operation.", stacklevel=3)
+
+    def plain(a):
+        return a.dequantize() if isinstance(a, AQT) else a
+
+    return func(*tree_map(plain, args), **tree_map(plain, kwargs))
+
+
+# --------------------------------------------------------------------------- helpers
+def _rebuild(w: AQT, data: torch.Tensor, scale: torch.Tensor, zp: Optional[torch.Tensor],
+             block_size: tuple[int, ...], shape: torch.Size):
+    """A new tensor with ``w``'s layout when it can hold the codes; else PlainLayout for integer codes,
+    or ``NotImplemented`` (the dequantized fallback) for float codes, which PlainLayout would misread."""
+    layout = w._layout
+    try:
+        impl = impl_class_for(layout).from_plain(data, scale, zp, layout, block_size)
+    except ValueError:
+        if data.is_floating_point() or isinstance(layout, FloatxTensorCoreLayout):
+            return NotImplemented
+        impl = impl_class_for(PlainLayout()).from_plain(data, scale, zp, PlainLayout(), block_size)
+    return AQT(impl, block_size, shape, w.quant_min, w.quant_max, w.zero_point_domain, dtype=w.dtype)
+
+
+def _transpose(w: AQT) -> AQT:
+    return w._with(w.tensor_impl.t(), block_size=tuple(reversed(w.block_size)),
+                   shape=torch.Size(reversed(w.shape)))
+
+
+def _dequantize_rows(w: AQT, rows: slice | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Dequantized storage rows of ``w`` (dim 0 of the stored codes), one scale row per code row."""
+    impl = w.tensor_impl
+    codes = impl.storage_rows(rows)
+    scale, zp = impl.storage_qparams()
+    sb = w.storage_block_size
+    n = codes.shape[0]
+    idx = torch.arange(rows.start, rows.start + n, device=codes.device) if isinstance(rows, slice) else rows
+    scale = scale.index_select(0, idx // sb[0])
+    zp = None if zp is None else zp.index_select(0, idx // sb[0])
+    return w._dequantize_codes(codes, scale, zp, (1, *sb[1:]), dtype)
+
+
+def _is_int8_per_row(w: AQT) -> bool:
+    """Plain int8 [N, K] codes, one scale per row, K a multiple of 16: ``torch._weight_int8pack_mm``'s case."""
+    impl = w.tensor_impl
+    if not isinstance(w._layout, PlainLayout) or impl.transposed or w.dim() != 2:
+        return False
+    data = impl.int_data
+    if data.dtype != torch.int8 or not data.is_contiguous() or w.shape[1] % 16:
+        return False  # the kernel's constraints (codes are stored 64-byte aligned)
+    return w.storage_block_size == (1, w.shape[1]) and w.zero_point_domain is not ZeroPointDomain.FLOAT
+
+
+def linear(x: torch.Tensor, w: AQT, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ dequantize(w).T + bias`` in ``x``'s dtype, on the codes.
+
+    int8 per-row weights use ``torch._weight_int8pack_mm`` and Int4CPULayout
+    weights ``_weight_int4pack_mm_for_cpu``: both take bf16 activations, so
+    fp32/fp16 ``x`` is rounded to bf16 for them (the result is cast back).
+    Other layouts dequantize tiles of rows in ``x``'s dtype.
+    """
+    if not x.is_floating_point():
+        raise TypeError(f"linear: input must be a float tensor, got {x.dtype}")
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: input has {x.shape[-1]} features, the weight {tuple(w.shape)} expects {w.shape[1]}")
+    impl = w.tensor_impl
+    kernels = linear_ops if torch.compiler.is_compiling() else int_linear  # opaque ops in traced graphs
+    if x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
+        if _is_int8_per_row(w):
+            scale = impl.scale.reshape(-1)
+            y = kernels.int8_weight_only_linear(x, impl.int_data, scale.to(torch.bfloat16).contiguous(), bias)
+            zp = impl.zero_point
+            if zp is not None and w.zero_point_domain is ZeroPointDomain.INT:
+                # (q - zp) * s = q * s - zp * s: the kernel has no zero point, the row term is x.sum() * zp * s
+                y = y - x.sum(-1, keepdim=True) * (zp.reshape(-1) * scale).to(y.dtype)
+            return y
+        if isinstance(w._layout, Int4CPULayout) and not impl.transposed:
+            return kernels.int4_cpu_linear(x, impl.packed_weight, impl.scale_and_zero, impl.group_size, w.shape[0], bias)
+    return _tiled_linear(x, w, bias)
+
+
+def _tiled_linear(x: torch.Tensor, w: AQT, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    n_out, k = w.shape
+    x2 = x.reshape(-1, k)
+    sb = w.storage_block_size
+    if not w.tensor_impl.transposed:
+        # storage is [N, K]: each tile of output features is x @ rows.T
+        step = _tile_rows(n_out, k, sb[0])
+        out = x2.new_empty(x2.shape[0], n_out)
+        for r0 in range(0, n_out, step):
+            tile = _dequantize_rows(w, slice(r0, min(r0 + step, n_out)), x.dtype)
+            torch.mm(x2, tile.t(), out=out[:, r0:r0 + tile.shape[0]])
+    else:
+        # storage is [K, N] (w = S.T, y = x @ S): accumulate over tiles of K in float32
+        step = _tile_rows(k, n_out, sb[0])
+        acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        acc = x2.new_zeros(x2.shape[0], n_out, dtype=acc_dtype)
+        for r0 in range(0, k, step):
+            tile = _dequantize_rows(w, slice(r0, min(r0 + step, k)), x.dtype)
+            acc += (x2[:, r0:r0 + tile.shape[0]] @ tile).to(acc_dtype)
+        out = acc.to(x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], n_out)
+
+
+def _tile_rows(rows: int, cols: int, block_rows: int) -> int:
+    """Rows per tile: about ``_TILE_ELEMENTS`` elements, a multiple of the row block (or all rows)."""
+    if block_rows >= rows:
+        return max(rows, 1)
+    step = max(_TILE_ELEMENTS // max(cols, 1), 1)
+    return max(step - step % block_rows, block_rows)
+
+
+# --------------------------------------------------------------------------- matmuls
+@implements(aten.mm.default)
+def _mm(func, args, kwargs):
+    a, b = args
+    if isinstance(b, AQT) and not isinstance(a, AQT):
+        return linear(a, _transpose(b))
+    if isinstance(a, AQT) and not isinstance(b, AQT):
+        return linear(b.t(), a).t()  # a @ b = (b.T @ a.T).T
+    return NotImplemented
+
+
+@implements(aten.addmm.default)
+def _addmm(func, args, kwargs):
+    bias, a, b = args
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    if isinstance(bias, AQT) or (isinstance(a, AQT) == isinstance(b, AQT)):
+        return NotImplemented
+    if isinstance(b, AQT) and beta == 1 and alpha == 1 and bias.dim() == 1:
+        return linear(a, _transpose(b), bias)
+    out = _mm(func, (a, b), {})
+    if alpha != 1:
+        out = out * alpha
+    return out + bias * beta if beta != 0 else out
+
+
+@implements(aten.embedding.default)
+def _embedding(func, args, kwargs):
+    w, indices = args[0], args[1]
+    if not isinstance(w, AQT) or w.dim() != 2 or w.tensor_impl.transposed:
+        return NotImplemented
+    flat = indices.reshape(-1)
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= w.shape[0]):
+        raise IndexError(f"embedding: indices must lie in [0, {w.shape[0] - 1}], got "
+                         f"[{int(flat.min())}, {int(flat.max())}]")
+    return _dequantize_rows(w, flat, w.dtype).reshape(*indices.shape, w.shape[1])
+
+
+# --------------------------------------------------------------------------- copies and moves
+@implements(aten.detach.default, aten.alias.default)
+def _detach(func, args, kwargs):
+    return args[0]._with(args[0].tensor_impl._apply(func))
+
+
+@implements(aten.clone.default)
+def _clone(func, args, kwargs):
+    return args[0]._with(args[0].tensor_impl._apply(torch.clone))
+
+
+@implements(aten._to_copy.default)
+def _to_copy(func, args, kwargs):
+    w = args[0]
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        return NotImplemented
+    impl = w.tensor_impl._apply(lambda t: t.to(device=device, copy=True))
+    return w._with(impl, dtype=dtype)
+
+
+@implements(aten.copy_.default)
+def _copy(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, AQT):
+        dst.copy_(src.dequantize())
+        return dst
+    if not isinstance(src, AQT):
+        raise TypeError("copy_ into an AffineQuantizedTensor needs an AffineQuantizedTensor source with the same "
+                        f"layout and block size, got a {type(src).__name__}; quantize it first")
+    a, b = dst.tensor_impl, src.tensor_impl
+    meta_a = {k: v for k, v in vars(a).items() if k not in a.tensor_names}
+    meta_b = {k: v for k, v in vars(b).items() if k not in b.tensor_names}
+    same = (type(a) is type(b) and meta_a == meta_b and dst.shape == src.shape and dst.block_size == src.block_size
+            and (dst.quant_min, dst.quant_max, dst.zero_point_domain) == (src.quant_min, src.quant_max,
+                                                                           src.zero_point_domain))
+    ta, tb = a.tensors(), b.tensors()
+    if not same or any((ta[k] is None) != (tb[k] is None) or (ta[k] is not None and ta[k].shape != tb[k].shape)
+                       for k in ta):
+        raise ValueError("copy_ between AffineQuantizedTensors needs the same layout, shape, block size, code "
+                         f"range and storage shapes; got {src!r} into {dst!r}")
+    for k, t in ta.items():
+        if t is not None:
+            t.copy_(tb[k])
+    return dst
+
+
+@implements(aten.is_same_size.default)
+def _is_same_size(func, args, kwargs):
+    return args[0].shape == args[1].shape
+
+
+# --------------------------------------------------------------------------- views
+def swaps_2d(func, args) -> bool:
+    """Whether a ``t``/``transpose``/``permute`` call on a 2-D tensor swaps its dimensions."""
+    if func is aten.t.default:
+        return True
+    if func is aten.transpose.int:
+        return args[1] % 2 != args[2] % 2
+    return [d % 2 for d in args[1]] == [1, 0]
+
+
+@implements(aten.t.default, aten.transpose.int, aten.permute.default)
+def _t(func, args, kwargs):
+    w = args[0]
+    if w.dim() < 2:
+        return w._with()
+    if w.dim() > 2:
+        return NotImplemented
+    return _transpose(w) if swaps_2d(func, args) else w._with()
+
+
+@implements(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(func, args, kwargs):
+    w, size = args
+    new_shape = torch.empty(w.shape, device="meta").view(size).shape
+    block = reshape_block_size(tuple(w.shape), w.block_size, tuple(new_shape))
+    if block is None:
+        return NotImplemented
+    data, scale, zp = w.tensor_impl.plain()
+    nb = num_blocks(tuple(new_shape), block)
+    return _rebuild(w, data.reshape(new_shape), scale.reshape(nb), None if zp is None else zp.reshape(nb), block,
+                    new_shape)
+
+
+@implements(aten.slice.Tensor)
+def _slice(func, args, kwargs):
+    w = args[0]
+    params = dict(zip(("dim", "start", "end", "step"), args[1:]), **kwargs)
+    dim = params.get("dim", 0) % w.dim()
+    start, end, step = params.get("start"), params.get("end"), params.get("step", 1)
+    start, end, step = slice(start, end, step).indices(w.shape[dim])
+    block = slice_block(w.shape[dim], w.block_size[dim], start, end, step)
+    if block is None:
+        return NotImplemented
+    new_block, s0, s1 = block
+    data, scale, zp = w.tensor_impl.plain()
+    sstep = step if w.block_size[dim] == 1 else 1
+
+    def cut(t):
+        return None if t is None else t[(slice(None),) * dim + (slice(s0, s1, sstep),)]
+
+    data = data[(slice(None),) * dim + (slice(start, end, step),)]
+    blocks = list(w.block_size)
+    blocks[dim] = new_block
+    return _rebuild(w, data, cut(scale), cut(zp), tuple(blocks), data.shape)
+
+
+@implements(aten.select.int)
+def _select(func, args, kwargs):
+    w, dim, index = args
+    dim %= w.dim()
+    index = index + w.shape[dim] if index < 0 else index
+    if not 0 <= index < w.shape[dim]:
+        raise IndexError(f"select: index {index} is out of range for dim {dim} of size {w.shape[dim]}")
+    data, scale, zp = w.tensor_impl.plain()
+    b = w.block_size[dim]
+    blocks = w.block_size[:dim] + w.block_size[dim + 1:]
+    data = data.select(dim, index)
+    return _rebuild(w, data, scale.select(dim, index // b), None if zp is None else zp.select(dim, index // b),
+                    blocks, data.shape)
+
+
+@implements(aten.index.Tensor)
+def _index(func, args, kwargs):
+    w, indices = args
+    if not indices or indices[0] is None or any(i is not None for i in indices[1:]):
+        return NotImplemented
+    idx = indices[0]
+    if idx.dtype not in (torch.int64, torch.int32) or w.dim() == 0:
+        return NotImplemented
+    idx = torch.where(idx < 0, idx + w.shape[0], idx).long()
+    data, scale, zp = w.tensor_impl.plain()
+    data = data[idx]
+    b = w.block_size[0]
+    blocks = (1,) * idx.dim() + w.block_size[1:]
+    return _rebuild(w, data, scale[idx // b], None if zp is None else zp[idx // b], blocks, data.shape)

@@ -1,0 +1,604 @@
+"""Linear layers on integer weights through PyTorch's CPU kernels (torchao's CPU layouts).
+
+Three recipes, each a one-time ``prepare``/``pack`` step at quantize time and a
+per-call linear that does no weight-sized work::
+
+    int8 weight-only      y = x @ (W_q * s[:, None]).T + b         W_q int8 [N, K], s [N]
+                          torch._weight_int8pack_mm(x_bf16, W_q, s_bf16)
+    int4 weight-only      y = x @ W.T + b,  W[n, k] = (c[n, k] - 8) * s[n, g] + z[n, g],  g = k // group_size
+    (tinygemm, CPU)       torch.ops.aten._weight_int4pack_mm_for_cpu(x_bf16, packed, group_size, scale_and_zero)
+    int8 dynamic          y = s_x[m] * s_w[n] * (sum_k (q_x[m, k] - z_x[m]) * q_w[n, k]) + b[n]
+                          torch._int_mm(q_x, q_w.T) in int32, minus z_x * (column sums of q_w.T)
+
+The two weight-only kernels are fast only for bfloat16 activations (float32
+activations hit a scalar loop ~20x slower), so float32/float16 activations are
+cast to bfloat16, the kernel runs, and the result is cast back. That is the
+kernels' contract and it fixes the precision: activations, scales (and int4
+zero points) are rounded to bfloat16, products accumulate in float32, and the
+output is rounded to bfloat16 once (relative error up to ``2**-8``, bfloat16's
+unit roundoff, on top of the input rounding), also for float32 inputs. The bias
+is added after that rounding, in float32 for float32/float16 inputs.
+
+float16 never overflows in an intermediate: bfloat16 has float32's range. The
+one float16 subtlety is that bfloat16 rounds every value in ``[65408, 65792]``
+to ``65536``, which float16 cannot hold; such outputs are read as float16's
+maximum ``65504`` (a true result in ``[65520, 65792]`` therefore saturates
+instead of becoming inf). Any output whose bfloat16 value is larger is a true
+overflow and becomes inf, as with ``F.linear``. The dynamic path scales in
+float32 and rounds to float16 once, so only true results beyond float16's range
+are inf there.
+
+The activation quantization of the dynamic path is torchao's (0.15), computed
+by the torchao-convention kernels in :mod:`quanta.kernels.zero_point`:
+
+* symmetric (``Int8DynamicActivationInt8WeightConfig``'s default,
+  ``_int8_symm_per_token_reduced_range_quant``): per row ``s = max(amax|x| / 127, 1e-5)``
+  computed in ``x``'s dtype (float32 for float16 input), ``q = clamp(round(x * (1/s)), -127, 127)``;
+* asymmetric (``_int8_asymm_per_token_quant``): per row ``s = max((max⁺ - min⁻) / 255, eps_fp32)``,
+  ``z = clamp(-128 - round(min⁻ / s), -128, 127)``, ``q = clamp(round(x * (1/s)) + z, -128, 127)``
+  with ``min⁻ = min(min x, 0)``, ``max⁺ = max(max x, 0)``; scale float32, zero point int8.
+
+Unlike torchao, the output scaling runs in float32 whatever the activation
+dtype (torchao multiplies in bfloat16 for bfloat16 input), and the asymmetric
+zero point is honoured on the integer path (torchao falls back to a float
+matmul there).
+
+Kernel constraints found in torch 2.13 (measured on AVX512, AVX2 and the
+generic build; torch's source agrees), checked up front here with a ``ValueError``:
+
+* ``_weight_int8pack_mm``: ``K`` a multiple of 16 on AVX512 (other ``K`` crash the
+  process or return garbage: the vector loop has no tail; AVX2 needs 8), so
+  quanta asks 16 everywhere; bfloat16 activations 32-byte aligned (aligned
+  loads; this module copies a misaligned input); weight and scale of the
+  activation's dtype. Any ``N`` and ``M`` (``M = 0`` included).
+* ``_weight_int4pack_mm_for_cpu``: ``N`` a multiple of 16, ``group_size`` in
+  {32, 64, 128, 256}, ``K`` a multiple of ``group_size``, ``scale_and_zero`` of
+  the activation's dtype, shaped ``[K / group_size, N, 2]``, contiguous.
+* ``_int_mm`` on CPU: no shape constraints (``M = 0``, ``M = 1``, odd ``K`` and ``N``
+  all exact, any strides); it wraps on int32 overflow, so ``K <= 65536`` here.
+
+The int4 packed layout depends on the CPU capability torch dispatches to
+(``torch.backends.cpu.get_cpu_capability()``), so a packed weight is not
+portable between machines: keep the codes (:func:`unpack_int4_cpu`) in
+checkpoints and pack on load. These are inference kernels: no gradient reaches ``x``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from quanta.kernels import zero_point as _zp
+from quanta.kernels.torchao_blocks import block_min_max, full_block_layout
+
+__all__ = [
+    "check_int4_cpu_shape",
+    "int4_cpu_linear",
+    "int4_cpu_packed_shape",
+    "int8_dynamic_activation_linear",
+    "int8_weight_col_sums",
+    "int8_weight_only_linear",
+    "pack_int4_cpu",
+    "prepare_int8_dynamic",
+    "prepare_int8_weight_only",
+    "quantize_per_token_int8",
+    "unpack_int4_cpu",
+]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT8_PACK_K_MULTIPLE = 16
+_BF16_ALIGN = 32  # bytes: the int8 kernel loads 16 bfloat16 activations with aligned 256-bit loads
+_WEIGHT_ALIGN = 64
+_INT4_GROUP_SIZES = (32, 64, 128, 256)
+_INT4_N_MULTIPLE = 16
+_INT_MM_MAX_K = 65536  # |sum_k (q_x - z_x) q_w| <= 255 * 128 * K stays below 2**31
+_FP16_MAX = 65504.0
+_BF16_ROUNDED_FP16_MAX = 65536.0  # bfloat16's rounding of every value in [65408, 65792]
+_SYM_QMIN, _SYM_QMAX, _SYM_EPS = -127, 127, 1e-5
+_ASYM_QMIN, _ASYM_QMAX, _ASYM_EPS = -128, 127, torch.finfo(torch.float32).eps
+
+
+# --------------------------------------------------------------------------- checks and shared steps
+def _tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _int_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], ndim: int) -> torch.Tensor:
+    t = _tensor(name, t)
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    return t
+
+
+def _float_vector(name: str, t: object, n: int) -> torch.Tensor:
+    """A floating tensor of ``n`` elements as shape ``(n,)``; ``(n, 1)`` is accepted (torchao's keepdim scales)."""
+    t = _tensor(name, t)
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if t.numel() != n or (t.dim() > 1 and t.shape[0] != n):
+        raise ValueError(f"{name} must have shape ({n},), one entry per output row; got {tuple(t.shape)}")
+    return t.reshape(n)
+
+
+def _check_finite(name: str, t: torch.Tensor, what: str) -> None:
+    bad = ~torch.isfinite(t)
+    if bool(bad.any()):
+        raise ValueError(f"{name} has {int(bad.sum())} non-finite value(s) {what}")
+
+
+def _check_x(x: object, k: int) -> torch.Tensor:
+    x = _tensor("x", x)
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] != k:
+        raise ValueError(f"x must have shape [..., {k}] (in_features = {k}), got {tuple(x.shape)}")
+    return x
+
+
+def _check_bias(bias: object, n: int) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    bias = _tensor("bias", bias)
+    if not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating-point tensor, got {bias.dtype}")
+    if tuple(bias.shape) != (n,):
+        raise ValueError(f"bias must have shape ({n},) (out_features), got {tuple(bias.shape)}")
+    return bias
+
+
+def _aligned(t: torch.Tensor, align: int) -> torch.Tensor:
+    """``t`` contiguous, copied when its data does not start on an ``align``-byte boundary."""
+    t = t.contiguous()
+    return t if t.data_ptr() % align == 0 else t.clone()
+
+
+def _to_bf16_2d(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x`` as a contiguous, 32-byte-aligned bfloat16 matrix ``[M, K]`` (a copy unless it already is one)."""
+    x2 = x.reshape(-1, k)
+    if x2.dtype == torch.bfloat16:
+        return _aligned(x2, _BF16_ALIGN)
+    return x2.to(dtype=torch.bfloat16, memory_format=torch.contiguous_format)
+
+
+def _from_bf16(y: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's bfloat16 output in ``dtype``, plus ``bias``; bfloat16 ``±65536`` becomes float16's ``±65504``."""
+    if dtype == torch.bfloat16:
+        return y if bias is None else y.add_(bias)
+    y = y.to(torch.float32)
+    if dtype == torch.float16:
+        y = torch.where(y.abs() == _BF16_ROUNDED_FP16_MAX, y.clamp(-_FP16_MAX, _FP16_MAX), y)
+    if bias is not None:
+        y.add_(bias)
+    return y.to(dtype)
+
+
+# --------------------------------------------------------------------------- int8 weight-only
+def _check_int8_pack_k(k: int, name: str) -> None:
+    if k == 0 or k % _INT8_PACK_K_MULTIPLE:
+        raise ValueError(
+            f"{name} has in_features K = {k}; torch._weight_int8pack_mm needs K a positive multiple of "
+            f"{_INT8_PACK_K_MULTIPLE} (other K crash or give wrong results in torch 2.13); use a plain "
+            "dequantize-and-matmul for this layer"
+        )
+
+
+def prepare_int8_weight_only(weight_int8: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Once per weight: ``(weight_int8, scale)`` in the form :func:`int8_weight_only_linear` takes.
+
+    The weight becomes contiguous and 64-byte aligned (a copy only if it is
+    not), the per-row scale ``s`` (symmetric, zero point 0; the weight is
+    ``W = weight_int8 * s[:, None]``) becomes a contiguous bfloat16 ``[N]``
+    tensor, the kernel's contract, which rounds it to bfloat16.
+
+    Raises ``ValueError`` if ``K`` is not a positive multiple of 16 (the kernel's
+    constraint) or a scale is not finite in bfloat16.
+
+    >>> w = torch.tensor([[1, -2] * 8, [3, 0] * 8], dtype=torch.int8)
+    >>> qw, s = prepare_int8_weight_only(w, torch.tensor([0.5, 0.25]))
+    >>> qw.shape, s
+    (torch.Size([2, 16]), tensor([0.5000, 0.2500], dtype=torch.bfloat16))
+    """
+    w = _int_tensor("weight_int8", weight_int8, (torch.int8,), 2)
+    n, k = w.shape
+    _check_int8_pack_k(k, "weight_int8")
+    s = _float_vector("scale", scale, n).to(torch.bfloat16).contiguous()
+    _check_finite("scale", s, "in bfloat16 (the kernel's scale dtype)")
+    return _aligned(w, _WEIGHT_ALIGN), s
+
+
+def int8_weight_only_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
+                            bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = x @ (weight_int8 * scale[:, None]).T + bias`` in ``x``'s dtype, via ``torch._weight_int8pack_mm``.
+
+    Args:
+        x: ``[..., K]`` float32, float16 or bfloat16, any strides, any number of rows (0 included).
+        weight_int8: int8 ``[N, K]``, contiguous and 16-byte aligned, as
+            :func:`prepare_int8_weight_only` returns it (checked, never copied here).
+        scale: ``[N]`` floats; the bfloat16 scale from :func:`prepare_int8_weight_only`
+            is used as is, any other float dtype is rounded to bfloat16 on each call
+            (``N`` elements).
+        bias: optional ``[N]``.
+
+    Precision: ``x`` is rounded to bfloat16, products accumulate in float32,
+    the output is rounded to bfloat16 before the bias is added (in float32 for
+    float32/float16 ``x``). float16 ``x`` cannot overflow in an intermediate;
+    see the module docstring for the one bfloat16 → float16 boundary case.
+
+    >>> qw, s = prepare_int8_weight_only(torch.tensor([[1, -2] * 8, [3, 0] * 8], dtype=torch.int8),
+    ...                                  torch.tensor([0.5, 0.25]))
+    >>> int8_weight_only_linear(torch.ones(1, 16), qw, s, torch.tensor([1.0, 0.0]))
+    tensor([[-3.,  6.]])
+    """
+    w = _int_tensor("weight_int8", weight_int8, (torch.int8,), 2)
+    n, k = w.shape
+    _check_int8_pack_k(k, "weight_int8")
+    if not w.is_contiguous() or w.data_ptr() % 16:
+        raise ValueError("weight_int8 must be contiguous and 16-byte aligned; pass it through prepare_int8_weight_only")
+    s = _tensor("scale", scale)
+    if not s.is_floating_point():
+        raise TypeError(f"scale must be a floating-point tensor, got {s.dtype}")
+    if tuple(s.shape) != (n,):
+        raise ValueError(f"scale must have shape ({n},), one entry per output row; got {tuple(s.shape)}")
+    s = s.to(dtype=torch.bfloat16, memory_format=torch.contiguous_format)
+    x = _check_x(x, k)
+    bias = _check_bias(bias, n)
+    y = torch._weight_int8pack_mm(_to_bf16_2d(x, k), w, s)
+    return _from_bf16(y, x.dtype, bias).reshape(*x.shape[:-1], n)
+
+
+# --------------------------------------------------------------------------- int4 (tinygemm, CPU)
+def check_int4_cpu_shape(n: int, k: int, group_size: int) -> None:
+    """Raise ``ValueError`` unless a weight ``[n, k]`` in groups of ``group_size`` fits the int4 CPU kernel.
+
+    The kernel needs ``n`` a multiple of 16, ``group_size`` in {32, 64, 128, 256}
+    and ``k`` a multiple of ``group_size``.
+
+    >>> check_int4_cpu_shape(4096, 4096, 128)
+    >>> check_int4_cpu_shape(24, 64, 32)
+    Traceback (most recent call last):
+    ...
+    ValueError: weight has out_features N = 24; the int4 CPU kernel needs N a positive multiple of 16
+    """
+    for name, v in (("n", n), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {v!r}")
+    _check_int4_shape(n, k, group_size, "weight")
+
+
+def int4_cpu_packed_shape(n: int, k: int) -> tuple[int, int]:
+    """Shape of :func:`pack_int4_cpu`'s ``packed_weight`` for a ``[n, k]`` weight: ``(n, k // 2)`` bytes.
+
+    >>> int4_cpu_packed_shape(4096, 4096)
+    (4096, 2048)
+    """
+    return (n, k // 2)
+
+
+def _check_int4_shape(n: int, k: int, group_size: object, name: str) -> int:
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"group_size must be an int, got {group_size!r}")
+    if group_size not in _INT4_GROUP_SIZES:
+        raise ValueError(
+            f"group_size must be one of {_INT4_GROUP_SIZES} for _weight_int4pack_mm_for_cpu, got {group_size}"
+        )
+    if n == 0 or n % _INT4_N_MULTIPLE:
+        raise ValueError(
+            f"{name} has out_features N = {n}; the int4 CPU kernel needs N a positive multiple of {_INT4_N_MULTIPLE}"
+        )
+    if k == 0 or k % group_size:
+        raise ValueError(
+            f"{name} has in_features K = {k}, which must be a positive multiple of group_size {group_size}"
+        )
+    return group_size
+
+
+def pack_int4_cpu(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack uint4 codes and per-group ``scale``/``zero`` for :func:`int4_cpu_linear` (torchao's ``Int4CPULayout``).
+
+    The weight is ``W[n, k] = (codes[n, k] - 8) * scale[n, g] + zero[n, g]``,
+    ``g = k // group_size``: tinygemm's convention, the zero point in the float
+    domain (torchao's ``ZeroPointDomain.FLOAT``).
+
+    Args:
+        codes: ``[N, K]`` uint8 or int32 holding 0..15.
+        scale, zero: ``[N, K // group_size]`` floats.
+        group_size: 32, 64, 128 or 256.
+
+    Returns:
+        ``packed_weight``: uint8 ``[N, K // 2]`` from
+        ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` (layout depends
+        on the CPU capability); ``scale_and_zero``: bfloat16 ``[K // group_size, N, 2]``
+        with ``[g, n] = (scale[n, g], zero[n, g])``, rounded to bfloat16.
+
+    >>> codes = torch.arange(16, dtype=torch.uint8).repeat(16, 2)
+    >>> packed, sz = pack_int4_cpu(codes, torch.full((16, 1), 0.5), torch.zeros(16, 1), 32)
+    >>> packed.shape, packed.dtype, sz.shape
+    (torch.Size([16, 16]), torch.uint8, torch.Size([1, 16, 2]))
+    """
+    c = _int_tensor("codes", codes, (torch.uint8, torch.int32), 2)
+    n, k = c.shape
+    group_size = _check_int4_shape(n, k, group_size, "codes")
+    groups = k // group_size
+    if c.numel() and (int(c.min()) < 0 or int(c.max()) > 15):
+        raise ValueError(f"codes must hold uint4 values 0..15, got [{int(c.min())}, {int(c.max())}]")
+    parts = []
+    for name, t in (("scale", scale), ("zero", zero)):
+        t = _tensor(name, t)
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if tuple(t.shape) != (n, groups):
+            raise ValueError(
+                f"{name} must have shape ({n}, {groups}) = (N, K // group_size) for codes {tuple(c.shape)} and "
+                f"group_size {group_size}, got {tuple(t.shape)}"
+            )
+        t = t.to(torch.bfloat16)
+        _check_finite(name, t, "in bfloat16 (the kernel's dtype)")
+        parts.append(t)
+    scale_and_zero = torch.stack(parts, dim=-1).transpose(0, 1).contiguous()
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.to(torch.int32).contiguous(), 1)
+    return packed, scale_and_zero
+
+
+def _check_int4_packed(packed_weight: object, scale_and_zero: object, group_size: object, n: int, k: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    p = _int_tensor("packed_weight", packed_weight, (torch.uint8,), 2)
+    if tuple(p.shape) != (n, k // 2) or k % 2:
+        raise ValueError(f"packed_weight must have shape ({n}, K // 2) for N = {n}, K = {k}, got {tuple(p.shape)}")
+    if not p.is_contiguous():
+        raise ValueError("packed_weight must be contiguous (as pack_int4_cpu returns it)")
+    group_size = _check_int4_shape(n, k, group_size, "packed_weight")
+    sz = _tensor("scale_and_zero", scale_and_zero)
+    want = (k // group_size, n, 2)
+    if sz.dtype != torch.bfloat16 or tuple(sz.shape) != want or not sz.is_contiguous():
+        raise ValueError(
+            f"scale_and_zero must be the contiguous bfloat16 {want} tensor from pack_int4_cpu, got "
+            f"{sz.dtype} {tuple(sz.shape)}"
+        )
+    return p, sz, group_size
+
+
+def int4_cpu_linear(x: torch.Tensor, packed_weight: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int,
+                    out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = x @ W.T + bias``, ``W[n, k] = (code - 8) * scale[n, k // group_size] + zero[n, k // group_size]``.
+
+    Runs ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on the output of
+    :func:`pack_int4_cpu` (``out_features`` = ``N``). ``x`` is ``[..., K]``
+    float32/float16/bfloat16; the kernel dequantizes each weight in float32
+    from the bfloat16 scale and zero (``fma(code - 8, scale, zero)``),
+    accumulates in float32 and rounds the output to bfloat16; the precision
+    and float16 notes of :func:`int8_weight_only_linear` apply.
+
+    >>> codes = torch.full((16, 32), 10, dtype=torch.uint8)
+    >>> packed, sz = pack_int4_cpu(codes, torch.full((16, 1), 0.5), torch.full((16, 1), 0.25), 32)
+    >>> int4_cpu_linear(torch.ones(2, 32), packed, sz, 32, 16)[0, :3]
+    tensor([40., 40., 40.])
+    """
+    if isinstance(out_features, bool) or not isinstance(out_features, int):
+        raise TypeError(f"out_features must be an int, got {out_features!r}")
+    p = _int_tensor("packed_weight", packed_weight, (torch.uint8,), 2)
+    if p.shape[0] != out_features:
+        raise ValueError(f"out_features ({out_features}) must equal packed_weight.shape[0] ({p.shape[0]})")
+    k = 2 * p.shape[1]
+    p, sz, group_size = _check_int4_packed(p, scale_and_zero, group_size, out_features, k)
+    x = _check_x(x, k)
+    bias = _check_bias(bias, out_features)
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_bf16_2d(x, k), p, group_size, sz)
+    return _from_bf16(y, x.dtype, bias).reshape(*x.shape[:-1], out_features)
+
+
+# (rows per block, full blocks split in halves?) for the packings torch uses:
+# AVX512 (64, halves), AVX2 (32, halves), DEFAULT (32, pairs); others are guesses kept as candidates.
+_INT4_CPU_FORMATS = ((64, True), (32, True), (32, False), (16, False), (64, False))
+
+
+def _unpack_int4_codes(packed: torch.Tensor, n: int, k: int, block_n: int, halves: bool) -> torch.Tensor:
+    """Inverse of ``_convert_weight_to_int4pack_for_cpu`` for one packing format (see :func:`unpack_int4_cpu`)."""
+    flat = packed.reshape(-1)
+    row_bytes = k // 2
+    full = (n // block_n) * block_n
+    parts = []
+    if full:
+        blk = flat[: full * row_bytes].view(n // block_n, k, block_n // 2)
+        lo, hi = blk & 0xF, blk >> 4
+        if halves:
+            rows = torch.cat([lo, hi], dim=2)
+        else:
+            rows = torch.stack([lo, hi], dim=3).reshape(n // block_n, k, block_n)
+        parts.append(rows.transpose(1, 2).reshape(full, k))
+    if full < n:
+        blk = flat[full * row_bytes:].view(k, (n - full) // 2)
+        parts.append(torch.stack([blk & 0xF, blk >> 4], dim=2).reshape(k, n - full).t())
+    return torch.cat(parts).contiguous()
+
+
+@functools.cache
+def _int4_cpu_format() -> tuple[int, bool]:
+    """The packing of this process's CPU capability, found by packing known codes once."""
+    g = torch.Generator().manual_seed(0)
+    n, k = 176, 4  # 2 x 64 + 48 rows: full and partial blocks of every candidate
+    probe = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    for block_n, halves in _INT4_CPU_FORMATS:
+        if torch.equal(_unpack_int4_codes(packed, n, k, block_n, halves), probe.to(torch.uint8)):
+            return block_n, halves
+    raise NotImplementedError(
+        "unpack_int4_cpu does not know the int4 packing of CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()!r}; keep the unpacked codes instead"
+    )
+
+
+def unpack_int4_cpu(packed_weight: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int, N: int, K: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bit-exact inverse of :func:`pack_int4_cpu`: ``(codes uint8 [N, K], scale, zero)``.
+
+    ``scale`` and ``zero`` are bfloat16 ``[N, K // group_size]`` (the stored
+    precision). The packing, read from torch's ``int4mm_kernel.cpp`` and
+    confirmed by packing known codes: rows go in blocks of ``B`` (64 on AVX512,
+    32 on AVX2 and the generic build); a block is stored as ``[K, B / 2]`` bytes.
+    A full AVX512/AVX2 block puts row ``j`` in the low nibble and row
+    ``j + B/2`` in the high nibble of byte ``j``; the generic build and the
+    partial last block (16, 32 or 48 rows) put rows ``2j`` and ``2j + 1`` in the
+    low and high nibble. The format of the running process is detected once.
+
+    >>> codes = torch.randint(0, 16, (48, 64), dtype=torch.uint8)
+    >>> packed, sz = pack_int4_cpu(codes, torch.ones(48, 2), torch.zeros(48, 2), 32)
+    >>> torch.equal(unpack_int4_cpu(packed, sz, 32, 48, 64)[0], codes)
+    True
+    """
+    for name, v in (("N", N), ("K", K)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {v!r}")
+    p, sz, _ = _check_int4_packed(packed_weight, scale_and_zero, group_size, N, K)
+    block_n, halves = _int4_cpu_format()
+    codes = _unpack_int4_codes(p, N, K, block_n, halves)
+    return codes, sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous()
+
+
+# --------------------------------------------------------------------------- int8 dynamic activations
+def quantize_per_token_int8(x: torch.Tensor, *, symmetric: bool = True
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """torchao's per-token int8 activation quantization of a ``[M, K]`` matrix: ``(q, scale, zero_point)``.
+
+    Symmetric (``_int8_symm_per_token_reduced_range_quant``): ``s = max(amax|x_m| / 127, 1e-5)``
+    in ``x``'s dtype (float32 when ``x`` is float16), ``q = clamp(round(x * (1/s)), -127, 127)``,
+    ``zero_point`` None. Asymmetric (``_int8_asymm_per_token_quant``):
+    ``s = max((max⁺ - min⁻) / 255, eps_fp32)`` as float32, ``z = clamp(-128 - round(min⁻ / s), -128, 127)``
+    as int8, ``q = clamp(round(x * (1/s)) + z, -128, 127)``. ``scale`` and ``zero_point``
+    have shape ``[M]``. A non-finite row raises ``ValueError`` (its codes would be NaN).
+
+    >>> q, s, z = quantize_per_token_int8(torch.tensor([[0.5, -1.27], [2.54, 0.0]]))
+    >>> q, s, z
+    (tensor([[  50, -127],
+            [ 127,    0]], dtype=torch.int8), tensor([0.0100, 0.0200]), None)
+    """
+    x = _tensor("x", x)
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"x must be a [M, K] matrix with K > 0, got shape {tuple(x.shape)}")
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    m = x.shape[0]
+    layout = full_block_layout(tuple(x.shape), (1, x.shape[1]))
+    mn, mx = _zp.include_zero(*block_min_max(x, layout))
+    if symmetric:
+        qmin, qmax = _SYM_QMIN, _SYM_QMAX
+        scale, _ = _zp.symmetric_qparams(mn, mx, qmin, qmax, _SYM_EPS)
+        if x.dtype == torch.float16:
+            scale = scale.to(torch.float32)
+        zero_point = None
+    else:
+        qmin, qmax = _ASYM_QMIN, _ASYM_QMAX
+        scale, zp = _zp.asymmetric_qparams(mn, mx, qmin, qmax, _ASYM_EPS)
+        scale, zero_point = scale.to(torch.float32), zp.to(torch.int8)
+    q = _zp.to_codes(_zp.quantize(x, layout, scale, zero_point, qmin, qmax), torch.int8, qmin, qmax)
+    return q, scale.reshape(m), None if zero_point is None else zero_point.reshape(m)
+
+
+def int8_weight_col_sums(weight_int8: torch.Tensor) -> torch.Tensor:
+    """``sum_k weight_int8[n, k]`` as int32 ``[N]``: the column sums of ``weight_int8.T`` (exact).
+
+    >>> int8_weight_col_sums(torch.tensor([[1, 2, 3], [-4, 5, 6]], dtype=torch.int8))
+    tensor([6, 7], dtype=torch.int32)
+    """
+    w = _int_tensor("weight_int8", weight_int8, (torch.int8,), 2)
+    return w.sum(dim=1, dtype=torch.int32)
+
+
+def prepare_int8_dynamic(weight_int8: torch.Tensor, weight_scale: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Once per weight: ``(weight_t, weight_scale, weight_col_sums)`` for :func:`int8_dynamic_activation_linear`.
+
+    ``weight_t`` is ``weight_int8.T``, a ``[K, N]`` view of the contiguous
+    ``[N, K]`` codes (column-major, the operand layout ``torch._int_mm`` runs
+    about twice as fast with on CPU as a contiguous ``[K, N]`` copy);
+    ``weight_scale`` becomes float32 ``[N]``; ``weight_col_sums[n] = sum_k weight_int8[n, k]``
+    (int32), for asymmetric activations.
+
+    >>> wt, s, cs = prepare_int8_dynamic(torch.tensor([[1, 2, 3], [-4, 5, 6]], dtype=torch.int8),
+    ...                                  torch.tensor([0.5, 0.25]))
+    >>> wt.shape, s, cs
+    (torch.Size([3, 2]), tensor([0.5000, 0.2500]), tensor([6, 7], dtype=torch.int32))
+    """
+    w = _int_tensor("weight_int8", weight_int8, (torch.int8,), 2)
+    n, k = w.shape
+    if k == 0 or k > _INT_MM_MAX_K:
+        raise ValueError(f"weight_int8 has K = {k} in_features; int32 accumulation needs 0 < K <= {_INT_MM_MAX_K}")
+    s = _float_vector("weight_scale", weight_scale, n).to(torch.float32).contiguous()
+    _check_finite("weight_scale", s, "in float32")
+    w = w.contiguous()
+    return w.t(), s, int8_weight_col_sums(w)
+
+
+def int8_dynamic_activation_linear(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Tensor,
+                                   weight_col_sums: torch.Tensor | None, bias: torch.Tensor | None = None, *,
+                                   act_symmetric: bool = True) -> torch.Tensor:
+    """``y[m, n] = s_x[m] * s_w[n] * (q_x[m] @ q_w[n] - z_x[m] * col_sums[n]) + bias[n]`` in ``x``'s dtype.
+
+    Each row of ``x`` (``[..., K]``, float32/float16/bfloat16) is quantized to
+    int8 per token as torchao does (:func:`quantize_per_token_int8`;
+    ``act_symmetric=False`` gives the asymmetric variant with a zero point
+    ``z_x``). The integer part is exact: ``torch._int_mm`` accumulates in int32
+    and the zero-point correction uses the precomputed column sums. The
+    scaling runs in float32 (the int32 accumulator rounded to float32, times
+    ``s_x``, times ``s_w``, plus the bias) and is rounded to ``x``'s dtype once,
+    so float16 overflows only where the true result does.
+
+    Args:
+        weight_t: int8 ``[K, N]``, the transposed view ``weight_int8.t()`` of the
+            ``[N, K]`` codes that :func:`prepare_int8_dynamic` returns. A row-major
+            ``[K, N]`` tensor is refused (it is ``_int_mm``'s slow layout, and
+            usually a ``[N, K]`` weight passed untransposed).
+        weight_scale: ``[N]`` floats, used in float32 (cast on each call unless float32).
+        weight_col_sums: int32 ``[N]`` (:func:`int8_weight_col_sums`); may be None
+            for symmetric activations.
+
+    >>> wt, s, cs = prepare_int8_dynamic(torch.tensor([[1, 2], [-4, 5]], dtype=torch.int8), torch.tensor([0.5, 0.25]))
+    >>> int8_dynamic_activation_linear(torch.tensor([[1.27, 0.0]]), wt, s, cs)
+    tensor([[ 0.6350, -1.2700]])
+    """
+    wt = _int_tensor("weight_t", weight_t, (torch.int8,), 2)
+    k, n = wt.shape
+    if k == 0 or k > _INT_MM_MAX_K:
+        raise ValueError(f"weight_t has K = {k} rows (in_features); int32 accumulation needs 0 < K <= {_INT_MM_MAX_K}")
+    if not wt.t().is_contiguous():
+        raise ValueError(
+            f"weight_t {tuple(wt.shape)} with strides {wt.stride()} is not the transposed view of a contiguous "
+            "[N, K] weight; pass weight_int8.t() (as prepare_int8_dynamic returns it), not the [N, K] weight itself"
+        )
+    s_w = _tensor("weight_scale", weight_scale)
+    if not s_w.is_floating_point():
+        raise TypeError(f"weight_scale must be a floating-point tensor, got {s_w.dtype}")
+    if tuple(s_w.shape) != (n,):
+        raise ValueError(f"weight_scale must have shape ({n},), one entry per output; got {tuple(s_w.shape)}")
+    s_w = s_w.to(torch.float32)
+    if not isinstance(act_symmetric, bool):
+        raise TypeError(f"act_symmetric must be a bool, got {act_symmetric!r}")
+    if weight_col_sums is not None:
+        cs = _int_tensor("weight_col_sums", weight_col_sums, (torch.int32,), 1)
+        if cs.shape[0] != n:
+            raise ValueError(f"weight_col_sums must have shape ({n},), got {tuple(cs.shape)}")
+    elif not act_symmetric:
+        raise ValueError("weight_col_sums is required for asymmetric activations (act_symmetric=False); "
+                         "take it from prepare_int8_dynamic")
+    x = _check_x(x, k)
+    bias = _check_bias(bias, n)
+    out_shape = (*x.shape[:-1], n)
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
+        return x.new_empty(out_shape)
+    q, s_x, z_x = quantize_per_token_int8(x2, symmetric=act_symmetric)
+    acc = torch._int_mm(q, wt)
+    if z_x is not None:
+        acc.sub_(z_x.to(torch.int32).unsqueeze(1) * weight_col_sums)
+    y = acc.to(torch.float32)
+    y.mul_(s_x.to(torch.float32).unsqueeze(1)).mul_(s_w)
+    if bias is not None:
+        y.add_(bias)
+    return y.to(x.dtype).reshape(out_shape)
