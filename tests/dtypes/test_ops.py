@@ -458,3 +458,15 @@ def test_matmul_of_two_quantized_tensors_falls_back(fresh_fallback_warnings):
     with pytest.warns(UserWarning):
         out = torch.mm(a, b.t())
     assert torch.equal(out, torch.mm(a.dequantize(), b.dequantize().t()))
+
+
+def test_int8_kernel_sees_scales_and_zero_points_changed_in_place():
+    # the fused int8 path prepares bf16 scales once per weight; an in-place change must be picked up
+    w = AffineQuantizedTensor.from_hp_to_intx(randn(32, 64), MappingType.ASYMMETRIC, (1, 64), torch.int8)
+    x = randn(3, 64)
+    before = F.linear(x, w)
+    w.tensor_impl.scale.mul_(2)
+    assert torch.allclose(F.linear(x, w), F.linear(x, w.dequantize()), rtol=2e-2, atol=2e-2)
+    assert not torch.allclose(F.linear(x, w), before)
+    w.tensor_impl.zero_point.add_(1)
+    assert torch.allclose(F.linear(x, w), F.linear(x, w.dequantize()), rtol=2e-2, atol=2e-2)

@@ -153,7 +153,19 @@ class AffineQuantizedTensor(torch.Tensor):
             return getattr(self.tensor_impl, name[len("_impl_"):])
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.linear:
+            # straight to the kernels: F.linear would otherwise reach dispatch as t() + mm, building a
+            # transposed wrapper per call
+            from quanta.dtypes.ops import linear_function
+
+            out = linear_function(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -31,6 +31,7 @@ from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
 from quanta.dtypes.layouts import PlainLayout
 from quanta.dtypes.ops import dispatch, swaps_2d
 from quanta.kernels import int_linear, linear_ops
+from quanta.kernels.int_linear import int8_weight_col_sums
 from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
 
 __all__ = ["LinearActivationQuantizedTensor", "check_int8_dynamic_weight"]
@@ -79,7 +80,7 @@ class LinearActivationQuantizedTensor(torch.Tensor):
         self.original_weight_tensor = original_weight_tensor
         self.act_mapping_type = act_mapping_type
         if weight_col_sums is None and act_mapping_type is MappingType.ASYMMETRIC:
-            weight_col_sums = original_weight_tensor.tensor_impl.int_data.sum(dim=1, dtype=torch.int32)
+            weight_col_sums = int8_weight_col_sums(original_weight_tensor.tensor_impl.int_data)
         self.weight_col_sums = weight_col_sums
         self.transposed = transposed  # set by t(): F.linear reaches mm(x, w.t())
 
@@ -156,7 +157,7 @@ class LinearActivationQuantizedTensor(torch.Tensor):
                              f"and orientation, got {src!r}")
         dst.original_weight_tensor.copy_(src.original_weight_tensor)
         if dst.weight_col_sums is not None:  # derived from the codes just copied
-            dst.weight_col_sums.copy_(dst.original_weight_tensor.tensor_impl.int_data.sum(dim=1, dtype=torch.int32))
+            dst.weight_col_sums.copy_(int8_weight_col_sums(dst.original_weight_tensor.tensor_impl.int_data))
         return dst
 
     def linear(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -31,6 +31,7 @@ True
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -38,12 +39,12 @@ from torch.utils._pytree import tree_map
 
 from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
 from quanta.dtypes.block_ops import num_blocks, reshape_block_size, slice_block
-from quanta.dtypes.layouts import FloatxTensorCoreLayout, Int4CPULayout, PlainLayout
-from quanta.dtypes.tensor_impl import impl_class_for
+from quanta.dtypes.layouts import FloatxTensorCoreLayout, PlainLayout
+from quanta.dtypes.tensor_impl import Int4CPUAQTTensorImpl, PlainAQTTensorImpl, impl_class_for
 from quanta.kernels import int_linear, linear_ops
 from quanta.quantization.quant_primitives import ZeroPointDomain
 
-__all__ = ["dispatch", "implements", "linear", "swaps_2d"]
+__all__ = ["dispatch", "implements", "linear", "matmul", "swaps_2d"]
 
 aten = torch.ops.aten
 AQT = AffineQuantizedTensor
@@ -125,63 +126,109 @@ def _dequantize_rows(w: AQT, rows: slice | torch.Tensor, dtype: torch.dtype) -> 
     return w._dequantize_codes(codes, scale, zp, (1, *sb[1:]), dtype)
 
 
-def _is_int8_per_row(w: AQT) -> bool:
-    """Plain int8 [N, K] codes, one scale per row, K a multiple of 16: ``torch._weight_int8pack_mm``'s case."""
+def _int8_rows(w: AQT) -> bool:
+    """W stored as plain int8 [N, K], one scale per row, K a multiple of 16: ``torch._weight_int8pack_mm``'s
+    case (codes are stored 64-byte aligned)."""
     impl = w.tensor_impl
-    if not isinstance(w._layout, PlainLayout) or impl.transposed or w.dim() != 2:
+    if not isinstance(impl, PlainAQTTensorImpl) or len(w.shape) != 2:
         return False
     data = impl.int_data
-    if data.dtype != torch.int8 or not data.is_contiguous() or w.shape[1] % 16:
-        return False  # the kernel's constraints (codes are stored 64-byte aligned)
-    return w.storage_block_size == (1, w.shape[1]) and w.zero_point_domain is not ZeroPointDomain.FLOAT
+    k = data.shape[1]
+    if data.dtype != torch.int8 or not data.is_contiguous() or k % 16:
+        return False
+    return w.storage_block_size == (1, k) and w.zero_point_domain is not ZeroPointDomain.FLOAT
+
+
+# per int8 weight, by id of its scale tensor (dropped with it): (the scale, versions of scale and zero point,
+# bf16 scale or None when the zero point is not zero); a scale or zero point changed in place is looked at again
+_INT8_PREPARED: dict[int, tuple] = {}
+
+
+def _int8_kernel_scale(w: AQT) -> Optional[torch.Tensor]:
+    """The kernel's bf16 scale [N] (N values, no weight-sized work), or None if the zero point is not zero.
+
+    ``_weight_int8pack_mm`` has no zero point; subtracting ``x.sum() * zp * s`` afterwards would cancel
+    bf16-rounded large terms, so weights with a nonzero zero point take the tiled path instead.
+    """
+    impl = w.tensor_impl
+    zp = impl.zero_point if w.zero_point_domain is ZeroPointDomain.INT else None
+    if torch.compiler.is_compiling():  # traced: no data-dependent test; the flag set when the codes were stored
+        return impl.scale.reshape(-1).to(torch.bfloat16) if zp is None or impl.zero_point_is_zero else None
+    key = (impl.scale._version, None if zp is None else (id(zp), zp._version))
+    hit = _INT8_PREPARED.get(id(impl.scale))
+    if hit is None or hit[0]() is not impl.scale or hit[1] != key:
+        usable = zp is None or not bool(zp.any())
+        if hit is None:
+            weakref.finalize(impl.scale, _INT8_PREPARED.pop, id(impl.scale), None)
+        hit = (weakref.ref(impl.scale), key,
+               impl.scale.reshape(-1).to(torch.bfloat16).contiguous() if usable else None)
+        _INT8_PREPARED[id(impl.scale)] = hit
+    return hit[2]
+
+
+def linear_function(input, weight, bias=None):
+    """``F.linear`` with a quantized weight (and a plain input and bias), else ``NotImplemented``."""
+    if (type(weight) is not AQT or isinstance(input, AQT) or isinstance(bias, AQT) or len(weight.shape) != 2
+            or not isinstance(input, torch.Tensor) or len(input.shape) == 0):
+        return NotImplemented
+    if torch.is_grad_enabled() and (input.requires_grad or (bias is not None and bias.requires_grad)):
+        return NotImplemented  # the dispatch path (t + mm) records the autograd graph
+    with torch._C.DisableTorchFunctionSubclass():
+        return linear(input, weight, bias)
 
 
 def linear(x: torch.Tensor, w: AQT, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x @ dequantize(w).T + bias`` in ``x``'s dtype, on the codes.
+    """``x @ dequantize(w).T + bias`` for a weight ``w`` [N, K], on the codes.
 
-    int8 per-row weights use ``torch._weight_int8pack_mm`` and Int4CPULayout
-    weights ``_weight_int4pack_mm_for_cpu``: both take bf16 activations, so
-    fp32/fp16 ``x`` is rounded to bf16 for them (the result is cast back).
-    Other layouts dequantize tiles of rows in ``x``'s dtype.
+    int8 per-row weights run through ``torch._weight_int8pack_mm`` and
+    Int4CPULayout weights through ``_weight_int4pack_mm_for_cpu``: both take bf16
+    activations, so fp32/fp16 ``x`` is rounded to bf16 for them (the result is
+    cast back). Other cases dequantize tiles of the stored rows in ``x``'s dtype.
     """
+    if len(w.shape) != 2:
+        raise ValueError(f"linear: the weight must be 2-D, got shape {tuple(w.shape)}")
+    return _matmul(x, w, True, bias)
+
+
+def matmul(x: torch.Tensor, b: AQT, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ dequantize(b) + bias`` in ``x``'s dtype for a 2-D ``b`` [K, N] (``b = W.T`` takes the kernels)."""
+    return _matmul(x, b, False, bias)
+
+
+def _matmul(x: torch.Tensor, q: AQT, flip: bool, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``x @ B + bias`` with ``B = dequantize(q).T`` if ``flip`` else ``dequantize(q)``, without building
+    a transposed wrapper. The stored codes are the weight W [N, K] (B = W.T) when
+    ``q.tensor_impl.transposed != flip``."""
     if not x.is_floating_point():
-        raise TypeError(f"linear: input must be a float tensor, got {x.dtype}")
-    if x.shape[-1] != w.shape[1]:
-        raise ValueError(f"linear: input has {x.shape[-1]} features, the weight {tuple(w.shape)} expects {w.shape[1]}")
-    impl = w.tensor_impl
-    kernels = linear_ops if torch.compiler.is_compiling() else int_linear  # opaque ops in traced graphs
-    if x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
-        if _is_int8_per_row(w):
-            scale = impl.scale.reshape(-1)
-            y = kernels.int8_weight_only_linear(x, impl.int_data, scale.to(torch.bfloat16).contiguous(), bias)
-            zp = impl.zero_point
-            if zp is not None and w.zero_point_domain is ZeroPointDomain.INT:
-                # (q - zp) * s = q * s - zp * s: the kernel has no zero point, the row term is x.sum() * zp * s
-                y = y - x.sum(-1, keepdim=True) * (zp.reshape(-1) * scale).to(y.dtype)
-            return y
-        if isinstance(w._layout, Int4CPULayout) and not impl.transposed:
-            return kernels.int4_cpu_linear(x, impl.packed_weight, impl.scale_and_zero, impl.group_size, w.shape[0], bias)
-    return _tiled_linear(x, w, bias)
-
-
-def _tiled_linear(x: torch.Tensor, w: AQT, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    n_out, k = w.shape
+        raise TypeError(f"matmul: input must be a float tensor, got {x.dtype}")
+    k, n_out = (q.shape[1], q.shape[0]) if flip else (q.shape[0], q.shape[1])
+    if len(x.shape) == 0 or x.shape[-1] != k:
+        raise ValueError(f"matmul: input has shape {tuple(x.shape)}, the quantized operand needs {k} features")
+    impl = q.tensor_impl
+    storage_is_weight = impl.transposed != flip
+    if storage_is_weight and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
+        kernels = linear_ops if torch.compiler.is_compiling() else int_linear  # opaque ops in traced graphs
+        scale16 = _int8_kernel_scale(q) if _int8_rows(q) else None
+        if scale16 is not None:
+            return kernels.int8_weight_only_linear(x, impl.int_data, scale16, bias)
+        if isinstance(impl, Int4CPUAQTTensorImpl):
+            return kernels.int4_cpu_linear(x, impl.packed_weight, impl.scale_and_zero, impl.group_size, n_out, bias)
     x2 = x.reshape(-1, k)
-    sb = w.storage_block_size
-    if not w.tensor_impl.transposed:
-        # storage is [N, K]: each tile of output features is x @ rows.T
+    sb = q.storage_block_size
+    if storage_is_weight:
+        # storage is W [N, K]: each tile of output features is x @ rows.T
         step = _tile_rows(n_out, k, sb[0])
         out = x2.new_empty(x2.shape[0], n_out)
         for r0 in range(0, n_out, step):
-            tile = _dequantize_rows(w, slice(r0, min(r0 + step, n_out)), x.dtype)
+            tile = _dequantize_rows(q, slice(r0, min(r0 + step, n_out)), x.dtype)
             torch.mm(x2, tile.t(), out=out[:, r0:r0 + tile.shape[0]])
     else:
-        # storage is [K, N] (w = S.T, y = x @ S): accumulate over tiles of K in float32
+        # storage is B [K, N]: accumulate x[:, tile] @ rows over tiles of K, in float32
         step = _tile_rows(k, n_out, sb[0])
         acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         acc = x2.new_zeros(x2.shape[0], n_out, dtype=acc_dtype)
         for r0 in range(0, k, step):
-            tile = _dequantize_rows(w, slice(r0, min(r0 + step, k)), x.dtype)
+            tile = _dequantize_rows(q, slice(r0, min(r0 + step, k)), x.dtype)
             acc += (x2[:, r0:r0 + tile.shape[0]] @ tile).to(acc_dtype)
         out = acc.to(x.dtype)
     if bias is not None:
@@ -202,9 +249,9 @@ def _tile_rows(rows: int, cols: int, block_rows: int) -> int:
 def _mm(func, args, kwargs):
     a, b = args
     if isinstance(b, AQT) and not isinstance(a, AQT):
-        return linear(a, _transpose(b))
+        return matmul(a, b)
     if isinstance(a, AQT) and not isinstance(b, AQT):
-        return linear(b.t(), a).t()  # a @ b = (b.T @ a.T).T
+        return _matmul(b.t(), a, True, None).t()  # a @ b = (b.T @ a.T).T
     return NotImplemented
 
 
@@ -215,7 +262,7 @@ def _addmm(func, args, kwargs):
     if isinstance(bias, AQT) or (isinstance(a, AQT) == isinstance(b, AQT)):
         return NotImplemented
     if isinstance(b, AQT) and beta == 1 and alpha == 1 and bias.dim() == 1:
-        return linear(a, _transpose(b), bias)
+        return matmul(a, b, bias)
     out = _mm(func, (a, b), {})
     if alpha != 1:
         out = out * alpha
@@ -265,8 +312,9 @@ def _copy(func, args, kwargs):
         raise TypeError("copy_ into an AffineQuantizedTensor needs an AffineQuantizedTensor source with the same "
                         f"layout and block size, got a {type(src).__name__}; quantize it first")
     a, b = dst.tensor_impl, src.tensor_impl
-    meta_a = {k: v for k, v in vars(a).items() if k not in a.tensor_names}
-    meta_b = {k: v for k, v in vars(b).items() if k not in b.tensor_names}
+    derived = ("zero_point_is_zero",)  # follows the values copied
+    meta_a = {k: v for k, v in vars(a).items() if k not in a.tensor_names + derived}
+    meta_b = {k: v for k, v in vars(b).items() if k not in b.tensor_names + derived}
     same = (type(a) is type(b) and meta_a == meta_b and dst.shape == src.shape and dst.block_size == src.block_size
             and (dst.quant_min, dst.quant_max, dst.zero_point_domain) == (src.quant_min, src.quant_max,
                                                                            src.zero_point_domain))
@@ -278,6 +326,9 @@ def _copy(func, args, kwargs):
     for k, t in ta.items():
         if t is not None:
             t.copy_(tb[k])
+    if isinstance(a, PlainAQTTensorImpl):  # inside dispatch, copies do not bump tensor versions
+        _INT8_PREPARED.pop(id(a.scale), None)
+        a.zero_point_is_zero = b.zero_point_is_zero
     return dst
 
 

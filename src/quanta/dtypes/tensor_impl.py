@@ -28,7 +28,7 @@ from quanta.dtypes.layouts import (
     PlainLayout,
     UintxLayout,
 )
-from quanta.kernels.int_linear import pack_int4_cpu, unpack_int4_cpu
+from quanta.kernels.int_linear import check_int4_cpu_shape, int4_cpu_packed_shape, pack_int4_cpu, unpack_int4_cpu
 from quanta.kernels.packing import pack_bits, packed_nbytes, unpack_bits
 
 __all__ = [
@@ -51,6 +51,10 @@ def full_rank(t: Optional[torch.Tensor], shape: tuple[int, ...], block_size: tup
         raise ValueError(f"{name} has {t.numel()} elements (shape {tuple(t.shape)}), but block_size "
                          f"{block_size} on shape {shape} needs {math.prod(nb)} (one per block: {nb})")
     return t.reshape(nb)
+
+
+def _all_zero(t: Optional[torch.Tensor]) -> bool:
+    return t is None or not bool(t.any())
 
 
 def _aligned_codes(t: torch.Tensor) -> torch.Tensor:
@@ -205,6 +209,8 @@ class PlainAQTTensorImpl(AQTTensorImpl):
                  layout: Layout = PlainLayout(), transposed: bool = False) -> None:
         super().__init__(layout, transposed)
         self.int_data, self.scale, self.zero_point = int_data, scale, zero_point
+        # read by traced code (torch.compile), which cannot look at values; eager code checks the tensor itself
+        self.zero_point_is_zero = _all_zero(zero_point)
 
     @classmethod
     def from_plain(cls, data, scale, zero_point, layout, block_size):
@@ -214,10 +220,17 @@ class PlainAQTTensorImpl(AQTTensorImpl):
 
     @classmethod
     def from_portable(cls, tensors, state):
-        impl = super().from_portable(tensors, state)
+        impl = super().from_portable(tensors, {k: v for k, v in state.items() if k != "zero_point_is_zero"})
         if isinstance(impl.int_data, torch.Tensor):
             impl.int_data = _aligned_codes(impl.int_data)
+        zp = impl.zero_point
+        impl.zero_point_is_zero = (zp is None or isinstance(zp, torch.Tensor)) and _all_zero(zp)
         return impl
+
+    def portable(self):
+        tensors, state = super().portable()
+        state.pop("zero_point_is_zero", None)  # derived from the tensors: recomputed on load
+        return tensors, state
 
     def storage_plain(self):
         return self.int_data, self.scale, self.zero_point
@@ -393,7 +406,8 @@ class Int4CPUAQTTensorImpl(AQTTensorImpl):
             raise ValueError(f"Int4CPULayout storage is {self.storage_shape} in groups of {self.group_size}, got "
                              f"shape {shape} and block_size {block_size}")
         n, k = self.storage_shape
-        expected = [("packed_weight", (n, k // 2), (torch.uint8,)),
+        check_int4_cpu_shape(n, k, self.group_size)
+        expected = [("packed_weight", int4_cpu_packed_shape(n, k), (torch.uint8,)),
                     ("scale_and_zero", (k // self.group_size, n, 2), (torch.bfloat16, torch.float32, torch.float16))]
         for name, shp, dtypes in expected:
             t = getattr(self, name)

@@ -52,6 +52,7 @@ from quanta.dtypes import (
 )
 from quanta.dtypes.layouts import SUB_BYTE_DTYPES
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor, check_int8_dynamic_weight
+from quanta.kernels.int_linear import check_int4_cpu_shape
 from quanta.quantization.granularity import Granularity, PerAxis, PerGroup, PerRow, PerTensor, block_size_for
 from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
 
@@ -148,17 +149,19 @@ class Int4WeightOnlyConfig(AOBaseConfig):
         _weight_2d(weight, "Int4WeightOnlyConfig")
         _group_divides(weight.shape[1], self.group_size)
         domain = ZeroPointDomain.FLOAT if self.zero_point_domain is None else self.zero_point_domain
-        if isinstance(self.layout, Int4CPULayout) and domain is not ZeroPointDomain.FLOAT:
-            raise ValueError(f"Int4CPULayout needs zero_point_domain=ZeroPointDomain.FLOAT, got {domain}")
+        if isinstance(self.layout, Int4CPULayout):
+            if domain is not ZeroPointDomain.FLOAT:
+                raise ValueError(f"Int4CPULayout needs zero_point_domain=ZeroPointDomain.FLOAT, got {domain}")
+            try:
+                check_int4_cpu_shape(*weight.shape, self.group_size)
+            except ValueError as e:
+                raise LayerNotQuantizable(str(e)) from None
         preserve_zero = domain is not ZeroPointDomain.FLOAT if self.preserve_zero is None else self.preserve_zero
         target = torch.uint4 if isinstance(self.layout, UintxLayout) else torch.int32
-        try:
-            return AffineQuantizedTensor.from_hp_to_intx(
-                weight, MappingType.ASYMMETRIC, (1, self.group_size), target, 0, 15, eps=1e-6,
-                zero_point_dtype=weight.dtype if domain is ZeroPointDomain.FLOAT else torch.int32,
-                preserve_zero=preserve_zero, zero_point_domain=domain, _layout=self.layout, use_hqq=self.use_hqq)
-        except ValueError as e:  # the layout's kernel constraints (N a multiple of 16, group sizes, ...)
-            raise LayerNotQuantizable(str(e)) from None
+        return AffineQuantizedTensor.from_hp_to_intx(
+            weight, MappingType.ASYMMETRIC, (1, self.group_size), target, 0, 15, eps=1e-6,
+            zero_point_dtype=weight.dtype if domain is ZeroPointDomain.FLOAT else torch.int32,
+            preserve_zero=preserve_zero, zero_point_domain=domain, _layout=self.layout, use_hqq=self.use_hqq)
 
 
 @dataclass
