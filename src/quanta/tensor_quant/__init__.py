@@ -35,6 +35,7 @@ from quanta.kernels.amax_quant import (
 )
 from quanta.tensor_quant.axis import reduce_amax
 from quanta.tensor_quant.calib import (
+    AnalyzerCalibrator,
     Calibrator,
     GrowMethod,
     HistogramCalibrator,
@@ -75,6 +76,7 @@ __all__ = [
     "TensorQuantizer",
     "Clip",
     "Calibrator",
+    "AnalyzerCalibrator",
     "MaxCalibrator",
     "HistogramCalibrator",
     "HistogramMethod",

@@ -45,10 +45,23 @@ __all__ = [
 
 
 class CalibMethod(str, enum.Enum):
-    """Calibrator a quantizer creates: running max, or histograms (entropy/MSE/percentile)."""
+    """Calibrator a :class:`~quanta.tensor_quant.TensorQuantizer` creates.
+
+    ``MAX`` and ``HISTOGRAM`` are NVIDIA's (running ``max |x|``; histograms of
+    ``|x|`` whose amax ``load_calib_amax("entropy" | "mse" | "percentile")``
+    computes). The ``ANALYZER_*`` methods are a quanta extension: an
+    :class:`~quanta.tensor_quant.calib.AnalyzerCalibrator` running one of
+    :mod:`quanta.quantization.encoding_analyzer`'s analyzers on signed
+    histograms, per tensor or per axis (``amax`` = the top of the analyzer's
+    symmetric range, or of its ``[0, max]`` range when unsigned).
+    """
 
     MAX = "max"
     HISTOGRAM = "histogram"
+    ANALYZER_PERCENTILE = "analyzer_percentile"
+    ANALYZER_SQNR = "analyzer_sqnr"
+    ANALYZER_MSE = "analyzer_mse"
+    ANALYZER_ENTROPY = "analyzer_entropy"
 
 
 def _amax_array(amax: object) -> np.ndarray | None:
@@ -81,7 +94,9 @@ class ScaledQuantDescriptor:
             array), or None for dynamic/calibrated amax.
         learn_amax: learn amax (per tensor only: ``axis`` must be None).
         scale_amax: multiply amax by this before quantizing (experiments).
-        calib_method: ``"max"`` (default) or ``"histogram"``.
+        calib_method: ``"max"`` (default), ``"histogram"``, or one of quanta's
+            ``"analyzer_percentile"``, ``"analyzer_sqnr"``, ``"analyzer_mse"``,
+            ``"analyzer_entropy"`` (see :class:`CalibMethod`).
         unsigned: unsigned range ``[0, 2**num_bits - 1]``.
         narrow_range: ``[-(2**(b-1) - 1), 2**(b-1) - 1]``; default **False**, as NVIDIA's descriptor.
 
@@ -122,7 +137,8 @@ class ScaledQuantDescriptor:
         try:
             set_("calib_method", CalibMethod(self.calib_method))
         except ValueError:
-            raise ValueError(f"calib_method must be 'max' or 'histogram', got {self.calib_method!r}") from None
+            choices = ", ".join(repr(m.value) for m in CalibMethod)
+            raise ValueError(f"calib_method must be one of {choices}, got {self.calib_method!r}") from None
         if is_fp8(self.num_bits) and (self.unsigned or self.narrow_range):
             raise ValueError("FP8 (num_bits=(4, 3)) is signed and has no narrow range: "
                              "leave unsigned and narrow_range False")

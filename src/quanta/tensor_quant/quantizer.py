@@ -5,8 +5,9 @@ One module, four stages, each with a switch:
 * ``disable()`` / ``enable()``: bypass the module entirely (returns its input);
 * calibration (``enable_calib()`` / ``disable_calib()``): feed every input to the
   calibrator (``"max"`` → :class:`MaxCalibrator`, ``"histogram"`` →
-  :class:`HistogramCalibrator`), then ``load_calib_amax(...)`` writes the result
-  into the ``_amax`` buffer;
+  :class:`HistogramCalibrator`, ``"analyzer_*"`` → :class:`AnalyzerCalibrator`
+  with quanta's encoding analyzers), then ``load_calib_amax(...)`` writes the
+  result into the ``_amax`` buffer;
 * clipping (``enable_clip()`` / ``disable_clip()``, needs ``learn_amax=True``):
   clamp to ``[clip_value_min, clip_value_max]`` of the :class:`Clip` submodule,
   whose bounds learn amax;
@@ -62,7 +63,7 @@ from quanta.kernels.amax_quant import (
     tensor_quant,
 )
 from quanta.tensor_quant.axis import reduce_amax
-from quanta.tensor_quant.calib import Calibrator, HistogramCalibrator, MaxCalibrator
+from quanta.tensor_quant.calib import AnalyzerCalibrator, Calibrator, HistogramCalibrator, MaxCalibrator
 from quanta.tensor_quant.clip import Clip
 from quanta.tensor_quant.descriptor import CalibMethod, QuantDescriptor, ScaledQuantDescriptor
 
@@ -122,9 +123,15 @@ class TensorQuantizer(nn.Module):
                 self.enable_clip()
         if _check_flag("if_clip", if_clip):
             self.enable_clip()
-        calib_cls = HistogramCalibrator if quant_desc.calib_method is CalibMethod.HISTOGRAM else MaxCalibrator
-        self._calibrator: Calibrator | None = calib_cls(num_bits=self._num_bits, axis=self._axis,
-                                                        unsigned=self._unsigned)
+        method = quant_desc.calib_method
+        self._calibrator: Calibrator | None
+        if method is CalibMethod.MAX:
+            self._calibrator = MaxCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
+        elif method is CalibMethod.HISTOGRAM:
+            self._calibrator = HistogramCalibrator(num_bits=self._num_bits, axis=self._axis, unsigned=self._unsigned)
+        else:
+            self._calibrator = AnalyzerCalibrator(self._num_bits, self._axis, self._unsigned, method,
+                                                  narrow_range=self._narrow_range)
 
     # -- properties ---------------------------------------------------------------------------------------
     @property
@@ -160,6 +167,8 @@ class TensorQuantizer(nn.Module):
     @narrow_range.setter
     def narrow_range(self, value: bool) -> None:
         self._narrow_range = _check_flag("narrow_range", value)
+        if isinstance(self._calibrator, AnalyzerCalibrator):
+            self._calibrator.narrow_range = self._narrow_range
 
     @property
     def axis(self) -> int | tuple[int, ...] | None:
@@ -178,8 +187,26 @@ class TensorQuantizer(nn.Module):
 
     @property
     def calibrator(self) -> Calibrator | None:
-        """The calibrator fed in calibration mode."""
+        """The calibrator fed in calibration mode.
+
+        May be replaced by any :class:`Calibrator` (e.g. an
+        :class:`AnalyzerCalibrator` with its own analyzer options); it must
+        calibrate for this quantizer's ``num_bits``, ``axis`` and ``unsigned``.
+        """
         return self._calibrator
+
+    @calibrator.setter
+    def calibrator(self, value: Calibrator) -> None:
+        if not isinstance(value, Calibrator):
+            raise TypeError(f"calibrator must be a Calibrator, got {type(value).__name__}")
+        if (value.num_bits, value.axis, value.unsigned) != (self._num_bits, self._axis, self._unsigned):
+            raise ValueError(
+                f"calibrator is for num_bits={value.num_bits}, axis={value.axis}, unsigned={value.unsigned}; this "
+                f"quantizer has num_bits={self._num_bits}, axis={self._axis}, unsigned={self._unsigned}"
+            )
+        if isinstance(value, AnalyzerCalibrator) and value.narrow_range != self._narrow_range:
+            raise ValueError(f"calibrator has narrow_range={value.narrow_range}, the quantizer {self._narrow_range}")
+        self._calibrator = value
 
     @property
     def maxbound(self) -> float:

@@ -52,7 +52,8 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
             ``[-2**(b-1), 2**(b-1) - 1]``, otherwise unsigned ``[0, 2**b - 1]``.
         symmetric: symmetric encoding (constant offset ``-round((qmin+qmax)/2)``).
         encoding_analyzer: statistics used by :meth:`compute_encodings`
-            (default :class:`MinMaxEncodingAnalyzer`).
+            (default :class:`MinMaxEncodingAnalyzer`; any analyzer of
+            :mod:`quanta.quantization.encoding_analyzer`, of the same ``shape``).
         block_size: block size per dimension of ``shape`` (``-1`` = wildcard).
         qmin, qmax: explicit grid instead of ``bitwidth`` (keyword only).
     """
@@ -232,11 +233,13 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
 
     @contextlib.contextmanager
     def _batch_range(self, x: torch.Tensor):
-        rng = self.encoding_analyzer.compute_dynamic_encodings(x, self.grid.num_steps, self.symmetric)
-        self.encoding_analyzer.update_stats(x)
-        if rng is None:  # empty batch: any valid range does, there is nothing to quantize
+        # the batch's own statistics, computed once: they are folded into the running ones and give this range
+        batch = self.encoding_analyzer.update_stats(x)
+        if batch is None:  # empty batch: any valid range does, there is nothing to quantize
             zeros = torch.zeros(self.shape)
             rng = calibrated_range(zeros, zeros, self.grid.num_steps, self.symmetric)
+        else:
+            rng = self.encoding_analyzer.compute_encodings_from_stats(batch, self.grid.num_steps, self.symmetric)
         self._dynamic_range = (rng[0].to(self.min.device), rng[1].to(self.max.device))
         try:
             yield

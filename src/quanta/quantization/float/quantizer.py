@@ -143,8 +143,9 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
         if self.encoding_analyzer is None:
             yield
             return
-        rng = self.encoding_analyzer.compute_dynamic_encodings(x, self._num_steps(), is_symmetric=False)
-        self.encoding_analyzer.update_stats(x)
+        batch = self.encoding_analyzer.update_stats(x)
+        rng = None if batch is None else \
+            self.encoding_analyzer.compute_encodings_from_stats(batch, self._num_steps(), is_symmetric=False)
         self._dynamic_maxval = None if rng is None else self._absmax(rng)
         try:
             yield

@@ -3,11 +3,14 @@
 :class:`MaxCalibrator` tracks the running absolute maximum;
 :class:`HistogramCalibrator` collects histograms of ``|x|`` and computes amax by
 entropy (KL divergence), MSE or percentile. Both work per tensor and per axis,
-on CPU.
+on CPU. :class:`AnalyzerCalibrator` (a quanta extension) runs one of
+:mod:`quanta.quantization.encoding_analyzer`'s analyzers instead.
 """
 
+from quanta.tensor_quant.calib.analyzer import AnalyzerCalibrator
 from quanta.tensor_quant.calib.calibrator import Calibrator
 from quanta.tensor_quant.calib.histogram import GrowMethod, HistogramCalibrator, HistogramMethod
 from quanta.tensor_quant.calib.max import MaxCalibrator
 
-__all__ = ["Calibrator", "MaxCalibrator", "HistogramCalibrator", "HistogramMethod", "GrowMethod"]
+__all__ = ["Calibrator", "MaxCalibrator", "HistogramCalibrator", "HistogramMethod", "GrowMethod",
+           "AnalyzerCalibrator"]
