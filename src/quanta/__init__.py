@@ -1,7 +1,10 @@
 """quanta: quantization for PyTorch — simulate, store, run and export.
 
-One numerics core under three familiar APIs. This release provides the
-AIMET-style API (``import quanta.quantization as Q``); see README.md.
+One numerics core under three familiar APIs: AIMET's quantizers and quantized
+tensors (``import quanta.quantization as Q``), torchao's primitives, real
+quantized storage and ``quantize_`` (``quanta.quantization.quant_primitives``,
+``quanta.dtypes``, ``quanta.quantization.quantize_``) and TensorRT's
+``pytorch_quantization.tensor_quant`` (``quanta.tensor_quant``); see README.md.
 """
 
 from quanta.encodings.affine import AffineEncoding

@@ -1,4 +1,5 @@
-"""quanta's AIMET-compatible quantization API: ``import quanta.quantization as Q``.
+"""quanta's AIMET-compatible quantization API (``import quanta.quantization as Q``), plus torchao's
+``quantize_`` with its configs and granularities (``from quanta.quantization import quantize_``).
 
 >>> import torch
 >>> import quanta.quantization as Q
