@@ -1,0 +1,76 @@
+"""Quantized counterparts of ``torch.nn`` modules (AIMET v2 style): ``import quanta.nn``.
+
+>>> import torch
+>>> import quanta.nn
+>>> lin = torch.nn.Linear(16, 4)
+>>> qlin = quanta.nn.from_module(lin)          # or quanta.nn.QuantizedLinear.from_module(lin)
+>>> qlin.param_quantizers["weight"].shape, qlin.output_quantizers[0].shape
+((4, 1), ())
+>>> with qlin.compute_encodings():
+...     _ = qlin(torch.randn(32, 16))
+>>> y = qlin(torch.randn(2, 16))                # QDQ(F.linear(x, QDQ(weight), bias))
+>>> type(y).__name__
+'DequantizedTensor'
+"""
+
+from quanta.nn.base import (
+    QuantizationMixin,
+    default_activation_quantizer,
+    default_weight_quantizer,
+)
+from quanta.nn.functional import Add, Concat, MatMul, Multiply
+from quanta.nn.modules import (
+    QuantizedAdd,
+    QuantizedBatchNorm1d,
+    QuantizedBatchNorm2d,
+    QuantizedConcat,
+    QuantizedConv1d,
+    QuantizedConv2d,
+    QuantizedConv3d,
+    QuantizedConvTranspose1d,
+    QuantizedConvTranspose2d,
+    QuantizedEmbedding,
+    QuantizedGELU,
+    QuantizedGroupNorm,
+    QuantizedLayerNorm,
+    QuantizedLinear,
+    QuantizedMatMul,
+    QuantizedMultiply,
+    QuantizedReLU,
+    QuantizedSiLU,
+    QuantizedSoftmax,
+)
+from quanta.nn.registry import from_module, quantized_class_for, register, unregister
+
+__all__ = [
+    "Add",
+    "Concat",
+    "MatMul",
+    "Multiply",
+    "QuantizationMixin",
+    "QuantizedAdd",
+    "QuantizedBatchNorm1d",
+    "QuantizedBatchNorm2d",
+    "QuantizedConcat",
+    "QuantizedConv1d",
+    "QuantizedConv2d",
+    "QuantizedConv3d",
+    "QuantizedConvTranspose1d",
+    "QuantizedConvTranspose2d",
+    "QuantizedEmbedding",
+    "QuantizedGELU",
+    "QuantizedGroupNorm",
+    "QuantizedLayerNorm",
+    "QuantizedLinear",
+    "QuantizedMatMul",
+    "QuantizedMultiply",
+    "QuantizedReLU",
+    "QuantizedSiLU",
+    "QuantizedSoftmax",
+    "default_activation_quantizer",
+    "default_weight_quantizer",
+    "from_module",
+    "quantized_class_for",
+    "register",
+    "unregister",
+]

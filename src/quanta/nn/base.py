@@ -1,0 +1,161 @@
+"""QuantizationMixin: what every quantized module of :mod:`quanta.nn` shares.
+
+A quantized module subclasses its float module and adds three containers of
+quantizers (AIMET v2 layout):
+
+* ``input_quantizers`` (``nn.ModuleList``, one entry per tensor input),
+* ``output_quantizers`` (``nn.ModuleList``, one entry per output),
+* ``param_quantizers`` (``nn.ModuleDict`` keyed by parameter name).
+
+An entry that is ``None`` is disabled: that tensor passes through untouched.
+Its forward computes ``QDQ_out(op(QDQ_in(x), QDQ_w(w), ...))`` with the float
+op, where each ``QDQ`` is a quantizer module from :mod:`quanta.quantization`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from quanta.quantization.affine import QuantizeDequantize
+
+__all__ = ["QuantizationMixin", "default_activation_quantizer", "default_weight_quantizer"]
+
+
+def default_weight_quantizer(weight: torch.Tensor, axis: int = 0) -> QuantizeDequantize:
+    """Signed symmetric 8-bit quantizer with one scale per index of ``weight``'s dimension ``axis``.
+
+    >>> default_weight_quantizer(torch.empty(4, 3, 2, 2))
+    QuantizeDequantize(shape=(4, 1, 1, 1), qmin=-128, qmax=127, symmetric=True)
+    """
+    shape = [1] * weight.dim()
+    shape[axis] = weight.shape[axis]
+    return QuantizeDequantize(shape=tuple(shape), bitwidth=8, symmetric=True)
+
+
+def default_activation_quantizer() -> QuantizeDequantize:
+    """Per-tensor asymmetric 8-bit quantizer (``shape=()``, grid ``[0, 255]``).
+
+    >>> default_activation_quantizer()
+    QuantizeDequantize(shape=(), qmin=0, qmax=255, symmetric=False)
+    """
+    return QuantizeDequantize(shape=(), bitwidth=8, symmetric=False)
+
+
+def _float_base(cls: type) -> type:
+    for c in cls.__mro__:
+        if issubclass(c, nn.Module) and not issubclass(c, QuantizationMixin):
+            return c
+    raise TypeError(f"{cls.__name__} must also subclass a torch.nn.Module")  # pragma: no cover
+
+
+def qdq(quantizer: nn.Module | None, x: Any) -> Any:
+    """Apply ``quantizer`` to ``x``; ``None`` (disabled) or a non-tensor ``x`` passes through."""
+    if quantizer is None or not isinstance(x, torch.Tensor):
+        return x
+    return quantizer(x)
+
+
+class QuantizationMixin:
+    """Mixin placed before the float class: ``class QuantizedLinear(QuantizationMixin, nn.Linear)``.
+
+    Subclasses set ``num_inputs``/``num_outputs`` (how many quantizer slots) and
+    may override :meth:`_init_quantizers` to choose the defaults. Building one
+    from a float module shares its parameters, buffers and config:
+
+    >>> import quanta.nn
+    >>> lin = torch.nn.Linear(4, 3)
+    >>> qlin = quanta.nn.QuantizedLinear.from_module(lin)
+    >>> qlin.weight is lin.weight, isinstance(qlin, torch.nn.Linear)
+    (True, True)
+    >>> with qlin.compute_encodings():
+    ...     _ = qlin(torch.randn(8, 4))
+    >>> qlin(torch.randn(2, 4)).shape
+    torch.Size([2, 3])
+    """
+
+    num_inputs: int = 1
+    num_outputs: int = 1
+    input_quantizers: nn.ModuleList
+    output_quantizers: nn.ModuleList
+    param_quantizers: nn.ModuleDict
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_quantizers()
+
+    # -- defaults ------------------------------------------------------------------
+    def _init_quantizers(self) -> None:
+        """Defaults: inputs off, outputs per-tensor asymmetric 8-bit, ``weight`` per output channel, rest off."""
+        self.input_quantizers = nn.ModuleList([None] * self.num_inputs)
+        self.output_quantizers = nn.ModuleList([default_activation_quantizer() for _ in range(self.num_outputs)])
+        params: dict[str, nn.Module | None] = {}
+        for name, p in self.named_parameters(recurse=False):  # type: ignore[attr-defined]
+            params[name] = default_weight_quantizer(p, self._weight_axis()) if name == "weight" else None
+        self.param_quantizers = nn.ModuleDict(params)
+
+    def _weight_axis(self) -> int:
+        """Output-channel dimension of ``weight`` (0, or 1 for transposed convolutions)."""
+        return 0
+
+    # -- construction --------------------------------------------------------------
+    @classmethod
+    def from_module(cls, module: nn.Module) -> QuantizationMixin:
+        """A quantized module that shares ``module``'s parameters and buffers and copies its config.
+
+        Raises TypeError if ``module`` is not an instance of this class's float
+        module (or is already quantized).
+        """
+        base = _float_base(cls)
+        if not isinstance(module, base) or isinstance(module, QuantizationMixin):
+            raise TypeError(
+                f"{cls.__name__}.from_module() needs a {base.__module__}.{base.__qualname__}, "
+                f"got {type(module).__module__}.{type(module).__qualname__}"
+            )
+        qmodule = cls.__new__(cls)
+        # Shallow copy: same Parameter/buffer objects, own dicts so adding quantizers leaves `module` alone.
+        qmodule.__dict__.update(
+            {k: (v.copy() if isinstance(v, (dict, set)) else v) for k, v in module.__dict__.items()}
+        )
+        qmodule._init_quantizers()
+        device = next((t.device for t in module.parameters(recurse=False)), None)
+        if device is not None:
+            for q in qmodule._quantizers():
+                q.to(device)
+        return qmodule
+
+    # -- calibration ---------------------------------------------------------------
+    def _quantizers(self) -> Iterator[nn.Module]:
+        for q in (*self.input_quantizers, *self.output_quantizers, *self.param_quantizers.values()):
+            if q is not None:
+                yield q
+
+    @contextlib.contextmanager
+    def compute_encodings(self) -> Iterator[None]:
+        """Calibrate every quantizer of this module on the forward calls made inside the ``with`` block."""
+        with contextlib.ExitStack() as stack:
+            for q in self._quantizers():
+                stack.enter_context(q.compute_encodings())
+            yield
+
+    # -- helpers for forward ---------------------------------------------------------
+    def _qparam(self, name: str) -> torch.Tensor | None:
+        """Parameter ``name`` after its quantizer (if any); None if the module has no such parameter."""
+        p = getattr(self, name)
+        if p is None:
+            return None
+        try:
+            q = self.param_quantizers[name]  # nn.ModuleDict has no .get()
+        except KeyError:
+            q = None
+        return qdq(q, p)
+
+    def _qinput(self, i: int, x: Any) -> Any:
+        return qdq(self.input_quantizers[i], x)
+
+    def _qoutput(self, y: Any, i: int = 0) -> Any:
+        return qdq(self.output_quantizers[i], y)

@@ -1,0 +1,272 @@
+"""Quantized counterparts of common ``torch.nn`` modules (AIMET v2 style).
+
+Each class subclasses its float module and :class:`~quanta.nn.base.QuantizationMixin`.
+Defaults (see ``_init_quantizers``): inputs off; one per-tensor asymmetric 8-bit
+output quantizer; ``weight`` signed symmetric 8-bit per output channel
+(``shape=(C_out, 1, ...)``); bias off. Exceptions: Embedding takes integer
+indices (no input quantizer slot is usable), norm weights are per tensor, and
+BatchNorm quantizes only its normalised output (no folding here).
+
+>>> import quanta.nn
+>>> conv = quanta.nn.QuantizedConv2d(3, 8, kernel_size=3)
+>>> conv.param_quantizers["weight"]
+QuantizeDequantize(shape=(8, 1, 1, 1), qmin=-128, qmax=127, symmetric=True)
+>>> conv.param_quantizers["bias"] is None, conv.input_quantizers[0] is None
+(True, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quanta.nn.base import QuantizationMixin, qdq
+from quanta.nn.functional import Add, Concat, MatMul, Multiply
+from quanta.quantization.affine import QuantizeDequantize
+
+__all__ = [
+    "QuantizedAdd",
+    "QuantizedBatchNorm1d",
+    "QuantizedBatchNorm2d",
+    "QuantizedConcat",
+    "QuantizedConv1d",
+    "QuantizedConv2d",
+    "QuantizedConv3d",
+    "QuantizedConvTranspose1d",
+    "QuantizedConvTranspose2d",
+    "QuantizedEmbedding",
+    "QuantizedGELU",
+    "QuantizedGroupNorm",
+    "QuantizedLayerNorm",
+    "QuantizedLinear",
+    "QuantizedMatMul",
+    "QuantizedMultiply",
+    "QuantizedReLU",
+    "QuantizedSiLU",
+    "QuantizedSoftmax",
+]
+
+
+# -- layers with weights ------------------------------------------------------------------
+class QuantizedLinear(QuantizationMixin, nn.Linear):
+    """``QDQ_out(F.linear(QDQ_in(x), QDQ_w(weight), QDQ_b(bias)))``."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self._qoutput(F.linear(self._qinput(0, input), self._qparam("weight"), self._qparam("bias")))
+
+
+class _QuantizedConvNd(QuantizationMixin):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        y = self._conv_forward(self._qinput(0, input), self._qparam("weight"), self._qparam("bias"))  # type: ignore[attr-defined]
+        return self._qoutput(y)
+
+
+class QuantizedConv1d(_QuantizedConvNd, nn.Conv1d):
+    """Quantized :class:`torch.nn.Conv1d` (any ``padding_mode``)."""
+
+
+class QuantizedConv2d(_QuantizedConvNd, nn.Conv2d):
+    """Quantized :class:`torch.nn.Conv2d` (any ``padding_mode``)."""
+
+
+class QuantizedConv3d(_QuantizedConvNd, nn.Conv3d):
+    """Quantized :class:`torch.nn.Conv3d` (any ``padding_mode``)."""
+
+
+class _QuantizedConvTransposeNd(QuantizationMixin):
+    # weight is (C_in, C_out // groups, *k): one scale per index of dim 1 (per output channel when groups == 1)
+    _num_spatial_dims: int
+    _op: Any
+
+    def _weight_axis(self) -> int:
+        return 1
+
+    def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        if self.padding_mode != "zeros":  # type: ignore[attr-defined]
+            raise ValueError(f"Only `zeros` padding mode is supported for {type(self).__name__}")
+        output_padding = self._output_padding(  # type: ignore[attr-defined]
+            input, output_size, self.stride, self.padding, self.kernel_size,  # type: ignore[attr-defined]
+            self._num_spatial_dims, self.dilation,  # type: ignore[attr-defined]
+        )
+        y = type(self)._op(
+            self._qinput(0, input), self._qparam("weight"), self._qparam("bias"),
+            self.stride, self.padding, output_padding, self.groups, self.dilation,  # type: ignore[attr-defined]
+        )
+        return self._qoutput(y)
+
+
+class QuantizedConvTranspose1d(_QuantizedConvTransposeNd, nn.ConvTranspose1d):
+    """Quantized :class:`torch.nn.ConvTranspose1d`; weight scales along dim 1 (``C_out // groups``)."""
+
+    _num_spatial_dims = 1
+    _op = F.conv_transpose1d
+
+
+class QuantizedConvTranspose2d(_QuantizedConvTransposeNd, nn.ConvTranspose2d):
+    """Quantized :class:`torch.nn.ConvTranspose2d`; weight scales along dim 1 (``C_out // groups``)."""
+
+    _num_spatial_dims = 2
+    _op = F.conv_transpose2d
+
+
+class QuantizedEmbedding(QuantizationMixin, nn.Embedding):
+    """Quantized :class:`torch.nn.Embedding`: one weight scale per row (token); output quantized.
+
+    The input holds integer indices, so ``input_quantizers[0]`` must stay None.
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        y = F.embedding(input, self._qparam("weight"), self.padding_idx, self.max_norm, self.norm_type,
+                        self.scale_grad_by_freq, self.sparse)
+        return self._qoutput(y)
+
+
+# -- normalisation ------------------------------------------------------------------------
+class _QuantizedNorm(QuantizationMixin):
+    """Norm weights (gamma) get one signed symmetric 8-bit scale per tensor; bias off."""
+
+    def _init_quantizers(self) -> None:
+        super()._init_quantizers()
+        if "weight" in self.param_quantizers:
+            self.param_quantizers["weight"] = QuantizeDequantize(shape=(), bitwidth=8, symmetric=True)
+
+
+class QuantizedLayerNorm(_QuantizedNorm, nn.LayerNorm):
+    """Quantized :class:`torch.nn.LayerNorm`."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(self._qinput(0, input), self.normalized_shape, self._qparam("weight"),
+                         self._qparam("bias"), self.eps)
+        return self._qoutput(y)
+
+
+class QuantizedGroupNorm(_QuantizedNorm, nn.GroupNorm):
+    """Quantized :class:`torch.nn.GroupNorm`."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        y = F.group_norm(self._qinput(0, input), self.num_groups, self._qparam("weight"),
+                         self._qparam("bias"), self.eps)
+        return self._qoutput(y)
+
+
+class _QuantizedBatchNorm(QuantizationMixin):
+    """Simulated BatchNorm: only the normalised output is quantized by default (params off, no folding)."""
+
+    def _init_quantizers(self) -> None:
+        super()._init_quantizers()
+        for name in list(self.param_quantizers):
+            self.param_quantizers[name] = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # mirrors torch's _BatchNorm.forward
+        self._check_input_dim(input)  # type: ignore[attr-defined]
+        eaf = 0.0 if self.momentum is None else self.momentum  # type: ignore[attr-defined]
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:  # type: ignore[attr-defined]
+            self.num_batches_tracked.add_(1)  # type: ignore[attr-defined]
+            eaf = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum  # type: ignore[attr-defined]
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)  # type: ignore[attr-defined]
+        track = not self.training or self.track_running_stats  # type: ignore[attr-defined]
+        y = F.batch_norm(
+            self._qinput(0, input),
+            self.running_mean if track else None,  # type: ignore[attr-defined]
+            self.running_var if track else None,  # type: ignore[attr-defined]
+            self._qparam("weight"), self._qparam("bias"), bn_training, eaf, self.eps,  # type: ignore[attr-defined]
+        )
+        return self._qoutput(y)
+
+
+class QuantizedBatchNorm1d(_QuantizedBatchNorm, nn.BatchNorm1d):
+    """Quantized :class:`torch.nn.BatchNorm1d` (simulated, not folded)."""
+
+
+class QuantizedBatchNorm2d(_QuantizedBatchNorm, nn.BatchNorm2d):
+    """Quantized :class:`torch.nn.BatchNorm2d` (simulated, not folded)."""
+
+
+# -- parameter-free modules -----------------------------------------------------------------
+class _QuantizedElementwise(QuantizationMixin):
+    """``QDQ_out(float_forward(*QDQ_in(inputs)))`` for modules without parameters."""
+
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        if len(inputs) != len(self.input_quantizers) and any(q is not None for q in self.input_quantizers):
+            raise ValueError(
+                f"{type(self).__name__} got {len(inputs)} inputs but has {len(self.input_quantizers)} "
+                "input_quantizers; resize input_quantizers to match or set them to None"
+            )
+        qin = tuple(qdq(q, x) for q, x in zip(self.input_quantizers, inputs)) + inputs[len(self.input_quantizers):]
+        return self._qoutput(super().forward(*qin))  # type: ignore[misc]
+
+
+class QuantizedReLU(_QuantizedElementwise, nn.ReLU):
+    """Quantized :class:`torch.nn.ReLU`."""
+
+
+class QuantizedGELU(_QuantizedElementwise, nn.GELU):
+    """Quantized :class:`torch.nn.GELU` (keeps ``approximate``)."""
+
+
+class QuantizedSiLU(_QuantizedElementwise, nn.SiLU):
+    """Quantized :class:`torch.nn.SiLU`."""
+
+
+class QuantizedSoftmax(_QuantizedElementwise, nn.Softmax):
+    """Quantized :class:`torch.nn.Softmax` (keeps ``dim``)."""
+
+
+class QuantizedAdd(_QuantizedElementwise, Add):
+    """Quantized :class:`~quanta.nn.Add`: two input slots (off by default), output on.
+
+    >>> import quanta.nn
+    >>> add = quanta.nn.QuantizedAdd()
+    >>> add.output_quantizers[0].set_range(0.0, 2.55)
+    >>> add(torch.tensor([0.5]), torch.tensor([0.123]))
+    DequantizedTensor([0.6200], grad_fn=<AliasBackward0>)
+    """
+
+    num_inputs = 2
+
+
+class QuantizedMultiply(_QuantizedElementwise, Multiply):
+    """Quantized :class:`~quanta.nn.Multiply`: two input slots."""
+
+    num_inputs = 2
+
+
+class QuantizedMatMul(_QuantizedElementwise, MatMul):
+    """Quantized :class:`~quanta.nn.MatMul`: two input slots."""
+
+    num_inputs = 2
+
+
+class QuantizedConcat(_QuantizedElementwise, Concat):
+    """Quantized :class:`~quanta.nn.Concat` (keeps ``dim``).
+
+    One input slot by default; to quantize inputs, give one quantizer per input:
+    ``qcat.input_quantizers = nn.ModuleList([q0, q1])``.
+    """
+
+
+#: Built-in float -> quantized classes (exact types). Users add theirs with :func:`quanta.nn.register`.
+BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Linear: QuantizedLinear,
+    nn.Conv1d: QuantizedConv1d,
+    nn.Conv2d: QuantizedConv2d,
+    nn.Conv3d: QuantizedConv3d,
+    nn.ConvTranspose1d: QuantizedConvTranspose1d,
+    nn.ConvTranspose2d: QuantizedConvTranspose2d,
+    nn.Embedding: QuantizedEmbedding,
+    nn.LayerNorm: QuantizedLayerNorm,
+    nn.GroupNorm: QuantizedGroupNorm,
+    nn.BatchNorm1d: QuantizedBatchNorm1d,
+    nn.BatchNorm2d: QuantizedBatchNorm2d,
+    nn.ReLU: QuantizedReLU,
+    nn.GELU: QuantizedGELU,
+    nn.SiLU: QuantizedSiLU,
+    nn.Softmax: QuantizedSoftmax,
+    Add: QuantizedAdd,
+    Multiply: QuantizedMultiply,
+    MatMul: QuantizedMatMul,
+    Concat: QuantizedConcat,
+}
