@@ -322,8 +322,8 @@ class AffineQuantizedTensor(torch.Tensor):
         if isinstance(layout, (Float8Layout, FloatxTensorCoreLayout)):
             raise ValueError(f"_layout {layout} holds float codes; use from_hp_to_floatx / from_hp_to_fpx")
         if isinstance(layout, UintxLayout):
-            lo = -(1 << (layout.bits - 1)) if layout.signed else 0
-            if qmin < lo or qmax > lo + (1 << layout.bits) - 1:
+            lo, hi = layout.code_range
+            if qmin < lo or qmax > hi:
                 raise ValueError(f"codes in [{qmin}, {qmax}] do not fit _layout {layout}")
             data = data.to(torch.int8 if layout.signed else torch.uint8)
         if isinstance(layout, Int4CPULayout):

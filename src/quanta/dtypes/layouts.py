@@ -80,6 +80,16 @@ class UintxLayout(Layout):
     def signed(self) -> bool:
         return SUB_BYTE_DTYPES[self.dtype][1]
 
+    @property
+    def code_range(self) -> tuple[int, int]:
+        """``(lo, hi)`` of the values held; stored codes are ``value - lo``.
+
+        >>> UintxLayout(torch.int4).code_range, UintxLayout(torch.uint3).code_range
+        ((-8, 7), (0, 7))
+        """
+        lo = -(1 << (self.bits - 1)) if self.signed else 0
+        return lo, lo + (1 << self.bits) - 1
+
 
 @dataclass(frozen=True)
 class Float8Layout(Layout):

@@ -255,8 +255,7 @@ class UintxAQTTensorImpl(AQTTensorImpl):
         shape = tuple(data.shape)
         if data.dim() == 0:
             raise ValueError("UintxLayout needs at least one dimension to pack along")
-        lo = -(1 << (layout.bits - 1)) if layout.signed else 0
-        hi = lo + (1 << layout.bits) - 1
+        lo, hi = layout.code_range
         if data.numel() and (int(data.min()) < lo or int(data.max()) > hi):
             raise ValueError(f"codes must lie in [{lo}, {hi}] for {layout.dtype}, got "
                              f"[{int(data.min())}, {int(data.max())}]")
@@ -268,7 +267,7 @@ class UintxAQTTensorImpl(AQTTensorImpl):
         codes = unpack_bits(packed, self._layout.bits, self.last_dim)
         if not self._layout.signed:
             return codes
-        return (codes.to(torch.int16) - (1 << (self._layout.bits - 1))).to(torch.int8)
+        return (codes.to(torch.int16) + self._layout.code_range[0]).to(torch.int8)
 
     def storage_plain(self):
         return self._unpack(self.packed), self.scale, self.zero_point
