@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any, Mapping
 
 import torch
 
+from quanta._files import atomic_write
 from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
 from quanta.dtypes.layouts import (
     Float8Layout,
@@ -150,17 +150,7 @@ def save_quantized(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLi
         else:
             raise TypeError(f"state_dict[{key!r}] is a {type(t).__name__}, not a tensor")
     header = {"format": "quanta", "version": str(FORMAT_VERSION), "quanta": json.dumps(described), **extra}
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".quanta-", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        st.save_file(tensors, tmp, metadata=header)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda tmp: st.save_file(tensors, tmp, metadata=header))
 
 
 # --------------------------------------------------------------------------- load

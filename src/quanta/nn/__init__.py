@@ -13,6 +13,7 @@
 'DequantizedTensor'
 """
 
+from quanta.nn.attention import QuantizedMultiheadAttention
 from quanta.nn.base import (
     QuantizationMixin,
     default_activation_quantizer,
@@ -63,6 +64,7 @@ __all__ = [
     "QuantizedLayerNorm",
     "QuantizedLinear",
     "QuantizedMatMul",
+    "QuantizedMultiheadAttention",
     "QuantizedMultiply",
     "QuantizedReLU",
     "QuantizedSiLU",

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 from torch import nn
 
+from quanta.nn.attention import QuantizedMultiheadAttention
 from quanta.nn.base import QuantizationMixin
 from quanta.nn.modules import BUILTIN
 
 __all__ = ["from_module", "quantized_class_for", "register", "unregister"]
 
 _USER: dict[type[nn.Module], type[nn.Module]] = {}
+# Built-ins defined outside modules.py (attention.py imports QuantizedLinear from it, so it can't list them).
+_BUILTIN_EXTRA: dict[type[nn.Module], type[nn.Module]] = {nn.MultiheadAttention: QuantizedMultiheadAttention}
 
 
 def register(float_cls: type[nn.Module], quantized_cls: type[nn.Module], *, replace: bool = False) -> None:
@@ -78,7 +81,7 @@ def quantized_class_for(module: nn.Module | type[nn.Module]) -> type[nn.Module] 
     True
     """
     cls = module if isinstance(module, type) else type(module)
-    return _USER.get(cls) or BUILTIN.get(cls)
+    return _USER.get(cls) or BUILTIN.get(cls) or _BUILTIN_EXTRA.get(cls)
 
 
 def from_module(module: nn.Module) -> nn.Module:
