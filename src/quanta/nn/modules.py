@@ -28,7 +28,13 @@ from quanta.nn.functional import Add, Concat, MatMul, Multiply
 from quanta.quantization.affine import QuantizeDequantize
 
 __all__ = [
+    "QuantizedAdaptiveAvgPool1d",
+    "QuantizedAdaptiveAvgPool2d",
+    "QuantizedAdaptiveAvgPool3d",
     "QuantizedAdd",
+    "QuantizedAvgPool1d",
+    "QuantizedAvgPool2d",
+    "QuantizedAvgPool3d",
     "QuantizedBatchNorm1d",
     "QuantizedBatchNorm2d",
     "QuantizedConcat",
@@ -37,16 +43,25 @@ __all__ = [
     "QuantizedConv3d",
     "QuantizedConvTranspose1d",
     "QuantizedConvTranspose2d",
+    "QuantizedELU",
     "QuantizedEmbedding",
     "QuantizedGELU",
     "QuantizedGroupNorm",
+    "QuantizedHardsigmoid",
+    "QuantizedHardswish",
+    "QuantizedHardtanh",
     "QuantizedLayerNorm",
+    "QuantizedLeakyReLU",
     "QuantizedLinear",
     "QuantizedMatMul",
+    "QuantizedMish",
     "QuantizedMultiply",
     "QuantizedReLU",
+    "QuantizedReLU6",
     "QuantizedSiLU",
+    "QuantizedSigmoid",
     "QuantizedSoftmax",
+    "QuantizedTanh",
 ]
 
 
@@ -215,6 +230,74 @@ class QuantizedSoftmax(_QuantizedElementwise, nn.Softmax):
     """Quantized :class:`torch.nn.Softmax` (keeps ``dim``)."""
 
 
+class QuantizedSigmoid(_QuantizedElementwise, nn.Sigmoid):
+    """Quantized :class:`torch.nn.Sigmoid`."""
+
+
+class QuantizedTanh(_QuantizedElementwise, nn.Tanh):
+    """Quantized :class:`torch.nn.Tanh`."""
+
+
+class QuantizedReLU6(_QuantizedElementwise, nn.ReLU6):
+    """Quantized :class:`torch.nn.ReLU6`."""
+
+
+class QuantizedHardtanh(_QuantizedElementwise, nn.Hardtanh):
+    """Quantized :class:`torch.nn.Hardtanh`."""
+
+
+class QuantizedLeakyReLU(_QuantizedElementwise, nn.LeakyReLU):
+    """Quantized :class:`torch.nn.LeakyReLU`."""
+
+
+class QuantizedHardswish(_QuantizedElementwise, nn.Hardswish):
+    """Quantized :class:`torch.nn.Hardswish`."""
+
+
+class QuantizedHardsigmoid(_QuantizedElementwise, nn.Hardsigmoid):
+    """Quantized :class:`torch.nn.Hardsigmoid`."""
+
+
+class QuantizedELU(_QuantizedElementwise, nn.ELU):
+    """Quantized :class:`torch.nn.ELU`."""
+
+
+class QuantizedMish(_QuantizedElementwise, nn.Mish):
+    """Quantized :class:`torch.nn.Mish`."""
+
+
+# Average pooling makes values that are off the input grid, so its output gets a quantizer (max pooling does not).
+class QuantizedAvgPool1d(_QuantizedElementwise, nn.AvgPool1d):
+    """Quantized :class:`torch.nn.AvgPool1d`."""
+
+
+class QuantizedAvgPool2d(_QuantizedElementwise, nn.AvgPool2d):
+    """Quantized :class:`torch.nn.AvgPool2d`."""
+
+
+class QuantizedAvgPool3d(_QuantizedElementwise, nn.AvgPool3d):
+    """Quantized :class:`torch.nn.AvgPool3d`."""
+
+
+class QuantizedAdaptiveAvgPool1d(_QuantizedElementwise, nn.AdaptiveAvgPool1d):
+    """Quantized :class:`torch.nn.AdaptiveAvgPool1d`."""
+
+
+class QuantizedAdaptiveAvgPool2d(_QuantizedElementwise, nn.AdaptiveAvgPool2d):
+    """Quantized :class:`torch.nn.AdaptiveAvgPool2d`.
+
+    >>> pool = QuantizedAdaptiveAvgPool2d(1)
+    >>> with pool.compute_encodings():
+    ...     _ = pool(torch.rand(2, 3, 4, 4))
+    >>> pool(torch.rand(2, 3, 4, 4)).shape
+    torch.Size([2, 3, 1, 1])
+    """
+
+
+class QuantizedAdaptiveAvgPool3d(_QuantizedElementwise, nn.AdaptiveAvgPool3d):
+    """Quantized :class:`torch.nn.AdaptiveAvgPool3d`."""
+
+
 class QuantizedAdd(_QuantizedElementwise, Add):
     """Quantized :class:`~quanta.nn.Add`: two input slots (off by default), output on.
 
@@ -265,6 +348,21 @@ BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
     nn.GELU: QuantizedGELU,
     nn.SiLU: QuantizedSiLU,
     nn.Softmax: QuantizedSoftmax,
+    nn.Sigmoid: QuantizedSigmoid,
+    nn.Tanh: QuantizedTanh,
+    nn.ReLU6: QuantizedReLU6,
+    nn.Hardtanh: QuantizedHardtanh,
+    nn.LeakyReLU: QuantizedLeakyReLU,
+    nn.Hardswish: QuantizedHardswish,
+    nn.Hardsigmoid: QuantizedHardsigmoid,
+    nn.ELU: QuantizedELU,
+    nn.Mish: QuantizedMish,
+    nn.AvgPool1d: QuantizedAvgPool1d,
+    nn.AvgPool2d: QuantizedAvgPool2d,
+    nn.AvgPool3d: QuantizedAvgPool3d,
+    nn.AdaptiveAvgPool1d: QuantizedAdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d: QuantizedAdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d: QuantizedAdaptiveAvgPool3d,
     Add: QuantizedAdd,
     Multiply: QuantizedMultiply,
     MatMul: QuantizedMatMul,

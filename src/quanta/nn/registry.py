@@ -77,7 +77,7 @@ def quantized_class_for(module: nn.Module | type[nn.Module]) -> type[nn.Module] 
     >>> import quanta.nn
     >>> quanta.nn.quantized_class_for(nn.Conv2d(1, 1, 1)).__name__
     'QuantizedConv2d'
-    >>> quanta.nn.quantized_class_for(nn.Tanh()) is None
+    >>> quanta.nn.quantized_class_for(nn.Softsign()) is None
     True
     """
     cls = module if isinstance(module, type) else type(module)
@@ -90,10 +90,10 @@ def from_module(module: nn.Module) -> nn.Module:
     Raises TypeError naming the type if no quantized class is registered for it.
 
     >>> import quanta.nn
-    >>> quanta.nn.from_module(nn.Tanh())
+    >>> quanta.nn.from_module(nn.Softsign())
     Traceback (most recent call last):
     ...
-    TypeError: no quantized counterpart for torch.nn.modules.activation.Tanh; ...
+    TypeError: no quantized counterpart for torch.nn.modules.activation.Softsign; ...
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
