@@ -36,19 +36,14 @@ from quanta.nn.base import (
     QuantizationMixin,
     default_activation_quantizer,
     default_weight_quantizer,
+    plain,
     qdq,
 )
 from quanta.nn.modules import QuantizedLinear
-from quanta.tensors.quantized import QuantizedTensorBase
 
 __all__ = ["QuantizedMultiheadAttention"]
 
 _PROJ_WEIGHTS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
-
-
-def _plain(t: Any) -> Any:
-    """``t`` as a plain ``torch.Tensor`` (autograd kept), so torch's functional code sees no subclass."""
-    return t.as_subclass(torch.Tensor) if isinstance(t, QuantizedTensorBase) else t
 
 
 class QuantizedMultiheadAttention(QuantizationMixin, nn.MultiheadAttention):
@@ -122,9 +117,9 @@ class QuantizedMultiheadAttention(QuantizationMixin, nn.MultiheadAttention):
             v = q
         else:
             v = self._qinput(2, value)
-        pq = _plain(q)
-        pk = pq if k is q else _plain(k)
-        pv = pk if v is k else pq if v is q else _plain(v)
+        pq = plain(q)
+        pk = pq if k is q else plain(k)
+        pv = pk if v is k else pq if v is q else plain(v)
         return pq, pk, pv
 
     def _out_proj_params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -137,7 +132,7 @@ class QuantizedMultiheadAttention(QuantizationMixin, nn.MultiheadAttention):
                 f"{type(self).__name__}.out_proj.input_quantizers[0] is set, but the out_proj input is computed "
                 "inside F.multi_head_attention_forward and cannot be quantized; set it to None"
             )
-        return _plain(out_proj._qparam("weight")), _plain(out_proj._qparam("bias"))
+        return plain(out_proj._qparam("weight")), plain(out_proj._qparam("bias"))
 
     def forward(
         self,
@@ -159,17 +154,17 @@ class QuantizedMultiheadAttention(QuantizationMixin, nn.MultiheadAttention):
         out_w, out_b = self._out_proj_params()
         attn_output, attn_weights = F.multi_head_attention_forward(
             query, key, value, self.embed_dim, self.num_heads,
-            _plain(self._qparam("in_proj_weight")), _plain(self._qparam("in_proj_bias")),
-            _plain(self._qparam("bias_k")), _plain(self._qparam("bias_v")),
+            plain(self._qparam("in_proj_weight")), plain(self._qparam("in_proj_bias")),
+            plain(self._qparam("bias_k")), plain(self._qparam("bias_v")),
             self.add_zero_attn, self.dropout, out_w, out_b,
             training=self.training,
             key_padding_mask=key_padding_mask,
             need_weights=need_weights,
             attn_mask=attn_mask,
             use_separate_proj_weight=not self._qkv_same_embed_dim,
-            q_proj_weight=_plain(self._qparam("q_proj_weight")),
-            k_proj_weight=_plain(self._qparam("k_proj_weight")),
-            v_proj_weight=_plain(self._qparam("v_proj_weight")),
+            q_proj_weight=plain(self._qparam("q_proj_weight")),
+            k_proj_weight=plain(self._qparam("k_proj_weight")),
+            v_proj_weight=plain(self._qparam("v_proj_weight")),
             average_attn_weights=average_attn_weights,
             is_causal=is_causal,
         )

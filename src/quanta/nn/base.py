@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from quanta.quantization.affine import QuantizeDequantize
+from quanta.tensors.quantized import DequantizedTensor
 
-__all__ = ["QuantizationMixin", "default_activation_quantizer", "default_weight_quantizer"]
+__all__ = ["QuantizationMixin", "default_activation_quantizer", "default_weight_quantizer", "plain", "qdq"]
 
 
 def default_weight_quantizer(weight: torch.Tensor, axis: int = 0) -> QuantizeDequantize:
@@ -60,6 +61,27 @@ def qdq(quantizer: nn.Module | None, x: Any) -> Any:
     return quantizer(x)
 
 
+def plain(x: Any) -> Any:
+    """A :class:`DequantizedTensor` as a plain ``torch.Tensor`` (same values, autograd kept); anything else as is.
+
+    Inside a module the op only needs the values: a plain tensor skips the
+    subclass's ``__torch_function__`` on every op (several µs each).
+    """
+    if type(x) is DequantizedTensor:
+        return x.as_subclass(torch.Tensor)
+    return x
+
+
+def _state_key(p: torch.Tensor, q: nn.Module) -> tuple:
+    # Changes when the parameter or any tensor of the quantizer is replaced or updated in place.
+    key = [id(p), p._version]
+    for t in q.parameters():
+        key += (id(t), t._version)
+    for t in q.buffers():
+        key += (id(t), t._version)
+    return tuple(key)
+
+
 class QuantizationMixin:
     """Mixin placed before the float class: ``class QuantizedLinear(QuantizationMixin, nn.Linear)``.
 
@@ -80,6 +102,8 @@ class QuantizationMixin:
 
     num_inputs: int = 1
     num_outputs: int = 1
+    #: return plain tensors instead of DequantizedTensors (QuantizationSimModel sets it: faster downstream ops)
+    plain_outputs: bool = False
     input_quantizers: nn.ModuleList
     output_quantizers: nn.ModuleList
     param_quantizers: nn.ModuleDict
@@ -144,7 +168,14 @@ class QuantizationMixin:
 
     # -- helpers for forward ---------------------------------------------------------
     def _qparam(self, name: str) -> torch.Tensor | None:
-        """Parameter ``name`` after its quantizer (if any); None if the module has no such parameter."""
+        """Parameter ``name`` after its quantizer (if any), as a plain tensor; None if there is no such parameter.
+
+        Without autograd (eval under ``torch.no_grad()``), the fake-quantized
+        parameter is computed once and reused until the parameter or the
+        quantizer's range changes (tracked by their version counters): an
+        inference forward then costs no weight quantization. The cache holds
+        one copy of each quantized parameter; training never uses it.
+        """
         p = getattr(self, name)
         if p is None:
             return None
@@ -152,10 +183,27 @@ class QuantizationMixin:
             q = self.param_quantizers[name]  # nn.ModuleDict has no .get()
         except KeyError:
             q = None
-        return qdq(q, p)
+        if q is None or not isinstance(p, torch.Tensor):
+            return p
+        if torch.is_grad_enabled() or getattr(q, "_calibrating", False):
+            return plain(q(p))
+        cache = self.__dict__.setdefault("_qparam_cache", {})
+        key = _state_key(p, q)
+        hit = cache.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = plain(q(p))
+        cache[name] = (key, value)
+        return value
 
     def _qinput(self, i: int, x: Any) -> Any:
-        return qdq(self.input_quantizers[i], x)
+        return plain(qdq(self.input_quantizers[i], x))
 
     def _qoutput(self, y: Any, i: int = 0) -> Any:
-        return qdq(self.output_quantizers[i], y)
+        y = qdq(self.output_quantizers[i], y)
+        return plain(y) if self.plain_outputs else y
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # type: ignore[misc]
+        state.pop("_qparam_cache", None)  # derived data: rebuilt on first use
+        return state

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quanta.nn.base import QuantizationMixin, qdq
+from quanta.nn.base import QuantizationMixin, plain, qdq
 from quanta.nn.functional import Add, Concat, MatMul, Multiply
 from quanta.quantization.affine import QuantizeDequantize
 
@@ -210,7 +210,8 @@ class _QuantizedElementwise(QuantizationMixin):
                 f"{type(self).__name__} got {len(inputs)} inputs but has {len(self.input_quantizers)} "
                 "input_quantizers; resize input_quantizers to match or set them to None"
             )
-        qin = tuple(qdq(q, x) for q, x in zip(self.input_quantizers, inputs)) + inputs[len(self.input_quantizers):]
+        qin = tuple(plain(qdq(q, x)) for q, x in zip(self.input_quantizers, inputs)) + tuple(
+            plain(x) for x in inputs[len(self.input_quantizers):])
         return self._qoutput(super().forward(*qin))  # type: ignore[misc]
 
 

@@ -1,0 +1,106 @@
+"""QuantizationSimModel overhead on the two reference models (issue 7).
+
+Prints, for the small CNN and the transformer block of tests/quantsim:
+* forward time of ``sim.model`` (W8A8, calibrated, eval, no_grad) / the float model
+  (target ≤ 2×; AIMET 2.42 measured here: 4.7× CNN, 8.6× transformer);
+* the same for a training step's forward+backward;
+* peak memory of forward+backward (bytes held by autograd + outputs, measured with
+  saved-tensor hooks... see below) vs the float model (target ≤ 1.5×).
+
+Peak memory is measured as the high-water mark of live tensor storage during
+forward+backward, tracked through torch's CPU allocator statistics when available
+and otherwise through ``tracemalloc``-style accounting of autograd's saved tensors
+(the part QAT adds). Run: ``python bench/bench_quantsim.py [--threads 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "quantsim"))
+from quantsim_models import SmallCNN, TransformerBlock  # noqa: E402
+
+from quanta.quantsim import QuantizationSimModel  # noqa: E402
+
+
+def _time(fn, min_time: float = 0.5, reps: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            dt = time.perf_counter() - t0
+            if dt > min_time / reps:
+                break
+        best = min(best, dt / n)
+    return best
+
+
+def _saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """Peak bytes of tensors alive during forward+backward: autograd's saved tensors plus the output.
+
+    Counts each storage once (views share storage), so it measures what autograd keeps
+    for backward -- the memory that grows with batch size in training.
+    """
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        if isinstance(t, torch.nn.Parameter):
+            return t
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = model(x)
+    out = y.untyped_storage().nbytes()
+    y.float().sum().backward()
+    return sum(storages.values()) + out
+
+
+def bench(name: str, model: torch.nn.Module, x: torch.Tensor) -> None:
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = QuantizationSimModel(copy.deepcopy(model), x)
+    sim.compute_encodings([x], progress=False)
+    qm = sim.model.eval()
+    with torch.no_grad():
+        tf = _time(lambda: model(x))
+        tq = _time(lambda: qm(x))
+    model.train()
+    qm.train()
+    tbf = _time(lambda: model(x).sum().backward())
+    tbq = _time(lambda: qm(x).sum().backward())
+    gc.collect()
+    mf = _saved_bytes(model, x)
+    mq = _saved_bytes(qm, x)
+    print(f"{name:<18} forward {tf * 1e3:7.2f} ms float {tq * 1e3:7.2f} ms sim  ratio {tq / tf:5.2f}  (target <= 2)")
+    print(f"{'':<18} fwd+bwd {tbf * 1e3:7.2f} ms float {tbq * 1e3:7.2f} ms sim  ratio {tbq / tbf:5.2f}")
+    print(f"{'':<18} fwd+bwd saved memory {mf / 2**20:7.2f} MiB float {mq / 2**20:7.2f} MiB sim  "
+          f"ratio {mq / mf:5.2f}  (target <= 1.5)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    bench("SmallCNN b32", SmallCNN(), torch.randn(32, 3, 16, 16))
+    bench("Transformer b8", TransformerBlock(64, 4), torch.randn(8, 64, 64))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Whole-model quantization simulation (AIMET's QuantSim): ``from quanta.quantsim import QuantizationSimModel``.
+
+>>> import torch
+>>> from torch import nn
+>>> from quanta.quantsim import QuantizationSimModel
+>>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+>>> x = torch.randn(4, 3, 8, 8)
+>>> sim = QuantizationSimModel(model, dummy_input=x, quant_scheme="min_max",
+...                            default_param_bw=8, default_output_bw=8)
+>>> sim.compute_encodings(lambda m, n: [m(x) for _ in range(n)], 2, progress=False)  # AIMET's callback form
+>>> sim.model(x).shape
+torch.Size([4, 10])
+
+See :class:`QuantizationSimModel`, :mod:`quanta.quantsim.config` for the config
+file, :mod:`quanta.quantsim.preparer` for how functional ops are made quantizable.
+"""
+
+from quanta.quantsim.config import DataType, QuantizerSpec, QuantSimConfig, op_types_of
+from quanta.quantsim.preparer import PreparedModel, prepare_model
+from quanta.quantsim.quantsim import QuantizationSimModel
+from quanta.quantsim.report import LayerSQNR, LayerSQNRReport
+from quanta.quantsim.scheme import QuantScheme
+
+__all__ = [
+    "DataType",
+    "LayerSQNR",
+    "LayerSQNRReport",
+    "PreparedModel",
+    "QuantScheme",
+    "QuantSimConfig",
+    "QuantizationSimModel",
+    "QuantizerSpec",
+    "op_types_of",
+    "prepare_model",
+]

@@ -1,0 +1,282 @@
+"""Make a model quantizable: functional ops inside ``forward`` become modules.
+
+A quantizer lives in a module, so ``torch.matmul(q, k)`` or ``x + residual``
+written inside ``forward`` has nowhere to keep one. :func:`prepare_model`
+traces the model with :mod:`torch.fx` (modules that quanta can quantize, and
+``torch.nn`` modules, stay leaves), runs ``dummy_input`` through the trace to
+learn which values are floating-point tensors, and replaces each float-tensor
+call of a known functional op by a call of a module (:class:`quanta.nn.Add`,
+``Multiply``, ``MatMul``, ``Concat``, ``nn.Softmax``, ``nn.ReLU``, ``nn.GELU``,
+``nn.SiLU``). The new modules are registered under the module whose
+``forward`` made the call (``layers.0.attn.matmul_1``), so names stay readable.
+
+Ops that change values but have no quantized counterpart (``torch.exp``,
+``x / y``, ...) are kept in float and listed in :attr:`PreparedModel.float_ops`;
+ops that only move or select values (``view``, ``transpose``, ``getitem``,
+``size``, ...) need no quantizer and are not listed.
+
+>>> import torch
+>>> class Attn(torch.nn.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.q = torch.nn.Linear(8, 8)
+...     def forward(self, x):
+...         s = torch.matmul(self.q(x), x.transpose(-1, -2))
+...         return torch.softmax(s, dim=-1) @ x + x
+>>> prepared = prepare_model(Attn(), (torch.randn(2, 4, 8),))
+>>> [name for name, _ in prepared.inserted]
+['matmul', 'softmax', 'matmul_1', 'add']
+>>> prepared.traced
+True
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from quanta.nn import Add, Concat, MatMul, Multiply
+from quanta.nn.registry import quantized_class_for
+
+__all__ = ["PreparedModel", "prepare_model"]
+
+
+def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _binary(factory: Callable[[], nn.Module], extra_kwargs: tuple[str, ...] = ()) -> Callable[[fx.Node], Any]:
+    def convert(node: fx.Node):
+        if len(node.args) != 2 or any(k not in extra_kwargs for k in node.kwargs):
+            return None  # alpha=..., out=... and other variants stay as they are
+        return factory(), tuple(node.args)
+    return convert
+
+
+def _softmax(node: fx.Node):
+    dim = _arg(node, 1, "dim")
+    if not isinstance(dim, int) or _arg(node, 2, "dtype") is not None or "_stacklevel" in node.kwargs:
+        return None
+    return nn.Softmax(dim=dim), (node.args[0],)
+
+
+def _unary(factory: Callable[..., nn.Module], *keys: str) -> Callable[[fx.Node], Any]:
+    def convert(node: fx.Node):
+        if len(node.args) != 1 or any(k not in keys for k in node.kwargs):
+            return None
+        if node.kwargs.get("inplace"):
+            return None  # an in-place call may be relied on for its side effect
+        return factory(**{k: v for k, v in node.kwargs.items() if k != "inplace"}), (node.args[0],)
+    return convert
+
+
+def _cat(node: fx.Node):
+    tensors = _arg(node, 0, "tensors")
+    dim = _arg(node, 1, "dim", 0)
+    if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int):
+        return None
+    return Concat(dim=dim), tuple(tensors)
+
+
+_FUNCTIONS: dict[Any, tuple[str, Callable[[fx.Node], Any]]] = {
+    operator.add: ("add", _binary(Add)),
+    torch.add: ("add", _binary(Add)),
+    operator.mul: ("mul", _binary(Multiply)),
+    torch.mul: ("mul", _binary(Multiply)),
+    operator.matmul: ("matmul", _binary(MatMul)),
+    torch.matmul: ("matmul", _binary(MatMul)),
+    torch.bmm: ("matmul", _binary(MatMul)),
+    torch.cat: ("cat", _cat),
+    torch.concat: ("cat", _cat),
+    torch.softmax: ("softmax", _softmax),
+    F.softmax: ("softmax", _softmax),
+    torch.relu: ("relu", _unary(nn.ReLU)),
+    F.relu: ("relu", _unary(nn.ReLU, "inplace")),
+    F.gelu: ("gelu", _unary(nn.GELU, "approximate")),
+    F.silu: ("silu", _unary(nn.SiLU, "inplace")),
+}
+_METHODS: dict[str, tuple[str, Callable[[fx.Node], Any]]] = {
+    "add": ("add", _binary(Add)),
+    "mul": ("mul", _binary(Multiply)),
+    "matmul": ("matmul", _binary(MatMul)),
+    "bmm": ("matmul", _binary(MatMul)),
+    "softmax": ("softmax", _softmax),
+    "relu": ("relu", _unary(nn.ReLU)),
+}
+
+# Ops that only move, select or describe values: the output holds input values (or no tensor), no quantizer needed.
+_PASSTHROUGH_FUNCTIONS = {
+    operator.getitem, getattr, torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.squeeze,
+    torch.unsqueeze, torch.split, torch.chunk, torch.narrow, torch.stack, torch.max_pool1d, torch.max_pool2d,
+    F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.dropout,
+    torch.zeros_like, torch.ones_like, torch.full_like, torch.zeros, torch.ones, torch.arange, torch.tril, torch.triu,
+    torch.where, F.pad, torch.roll, torch.flip, torch.tile, torch.repeat_interleave, torch.clone,
+}
+_PASSTHROUGH_METHODS = {
+    "view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "squeeze", "unsqueeze",
+    "size", "dim", "split", "chunk", "narrow", "expand", "expand_as", "repeat", "view_as", "t", "clone",
+    "detach", "to", "type_as", "float", "masked_fill", "flip", "roll", "tril", "triu", "__getitem__",
+    "unbind", "numel", "new_zeros", "new_ones", "new_empty", "new_full", "bool", "int", "long",
+}
+# Leaf modules that only move or select values.
+_PASSTHROUGH_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+    nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.PixelShuffle, nn.PixelUnshuffle, nn.ChannelShuffle,
+)
+
+
+@dataclass
+class PreparedModel:
+    """What :func:`prepare_model` made of a model.
+
+    Attributes:
+        model: the module to quantize (an ``fx.GraphModule`` when tracing worked).
+        traced: whether torch.fx traced it (else functional ops are not quantized; see ``trace_error``).
+        inserted: ``(name, module)`` for every functional op turned into a module, in graph order.
+        float_ops: names of graph nodes that change values, have no quantized counterpart and stay in float.
+        trace_error: why tracing failed (None if it worked).
+    """
+
+    model: nn.Module
+    traced: bool
+    inserted: list[tuple[str, nn.Module]] = field(default_factory=list)
+    float_ops: list[str] = field(default_factory=list)
+    trace_error: str | None = None
+
+    @property
+    def graph(self) -> fx.Graph | None:
+        """The traced graph, or None."""
+        return self.model.graph if isinstance(self.model, fx.GraphModule) else None
+
+
+class _Tracer(fx.Tracer):
+    """Keeps every module quanta can quantize (built-in or registered) a leaf, as well as torch.nn modules."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if quantized_class_for(m) is not None or isinstance(m, _PASSTHROUGH_MODULES):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def _as_tuple(dummy_input: Any) -> tuple[Any, ...]:
+    return dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
+
+
+def _is_float_tensor_node(node: fx.Node) -> bool:
+    meta = node.meta.get("tensor_meta")
+    return meta is not None and hasattr(meta, "dtype") and meta.dtype.is_floating_point
+
+
+def _scope(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    qualname = list(stack.values())[-1][0]
+    return qualname if isinstance(qualname, str) else ""
+
+
+def _free_name(gm: fx.GraphModule, scope: str, kind: str, taken: set[str]) -> str:
+    owner = gm.get_submodule(scope) if scope else gm
+    base = f"{scope}.{kind}" if scope else kind
+    name, k = base, 0
+    while name in taken or hasattr(owner, name.rsplit(".", 1)[-1]):
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
+def _convert(node: fx.Node) -> tuple[str, Any] | None:
+    if node.op == "call_function":
+        entry = _FUNCTIONS.get(node.target)
+    elif node.op == "call_method":
+        entry = _METHODS.get(node.target)  # type: ignore[arg-type]
+    else:
+        return None
+    if entry is None:
+        return None
+    kind, convert = entry
+    made = convert(node)
+    return None if made is None else (kind, made)
+
+
+def _changes_values(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target not in _PASSTHROUGH_FUNCTIONS
+    if node.op == "call_method":
+        return node.target not in _PASSTHROUGH_METHODS
+    return False
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    name = type(model).__name__
+    return fx.GraphModule(tracer.root, graph, name)
+
+
+def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> PreparedModel:
+    """Trace ``model`` and turn functional ops on float tensors into modules (see the module docstring).
+
+    ``model`` is not modified (the returned graph module shares its parameters).
+    If tracing fails (data-dependent control flow, unsupported Python), the
+    result holds ``model`` itself with ``traced=False`` and a UserWarning says
+    why: its leaf modules can still be quantized, its functional ops cannot.
+    ``trace=False`` skips tracing on purpose.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    args = _as_tuple(dummy_input)
+    if not trace:
+        return PreparedModel(model, traced=False, trace_error="tracing disabled (trace=False)")
+    try:
+        gm = _trace(model)
+        was_training = gm.training
+        gm.eval()
+        with torch.no_grad():
+            ShapeProp(gm).propagate(*args)
+        gm.train(was_training)
+    except Exception as e:  # noqa: BLE001  (any tracing failure falls back to module replacement)
+        msg = f"{type(e).__name__}: {e}".splitlines()[0]
+        warnings.warn(
+            f"torch.fx could not trace {type(model).__name__} ({msg}); its leaf modules are quantized, "
+            "but functional ops inside forward() (torch.matmul, x + y, ...) stay in float",
+            UserWarning,
+            stacklevel=3,
+        )
+        return PreparedModel(model, traced=False, trace_error=msg)
+
+    prepared = PreparedModel(gm, traced=True)
+    taken: set[str] = set()
+    for node in list(gm.graph.nodes):
+        if node.op not in ("call_function", "call_method") or not _is_float_tensor_node(node):
+            continue
+        converted = _convert(node)
+        if converted is None:
+            if _changes_values(node):
+                prepared.float_ops.append(node.name)
+            continue
+        kind, (module, new_args) = converted
+        name = _free_name(gm, _scope(node), kind, taken)
+        gm.add_submodule(name, module)
+        with gm.graph.inserting_after(node):
+            new = gm.graph.call_module(name, new_args)
+        new.meta = copy.copy(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        prepared.inserted.append((name, module))
+    gm.graph.lint()
+    gm.recompile()
+    return prepared

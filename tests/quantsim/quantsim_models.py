@@ -1,0 +1,110 @@
+"""The two reference models of the QuantSim tests and benchmark (issue 7).
+
+``SmallCNN``: conv, BatchNorm, ReLU, grouped conv, pooling, linear.
+``TransformerBlock``: a pre-LN encoder block written the Hugging Face way,
+attention with ``torch.matmul``/``softmax`` inside ``forward``, a GELU MLP and
+residual adds.
+
+Both come with a deterministic task (``make_cnn_data``, ``make_seq_data``) so
+tests can train them a little and measure accuracy and SQNR.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    """3×16×16 images → ``num_classes`` logits."""
+
+    def __init__(self, num_classes: int = 10, width: int = 16) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1, groups=4)  # grouped
+        self.bn2 = nn.BatchNorm2d(2 * width)
+        self.pool = nn.MaxPool2d(2)
+        self.conv3 = nn.Conv2d(2 * width, 2 * width, 3, padding=1)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu1(self.bn1(self.conv1(x)))
+        x = self.pool(F.relu(self.bn2(self.conv2(x))))
+        x = F.relu(self.conv3(x))
+        return self.fc(torch.flatten(self.gap(x), 1))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN encoder block on ``(batch, seq, dim)``; attention written with functional ops."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, mlp_ratio: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, mlp_ratio * dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(mlp_ratio * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q = q.view(b, t, h, d // h).transpose(1, 2)
+        k = k.view(b, t, h, d // h).transpose(1, 2)
+        v = v.view(b, t, h, d // h).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d // h)
+        attn = torch.softmax(scores, dim=-1)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(out)
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+
+class SeqClassifier(nn.Module):
+    """``TransformerBlock`` plus a linear head on the mean token: a trainable task for QAT tests."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, num_classes: int = 4) -> None:
+        super().__init__()
+        self.block = TransformerBlock(dim, heads)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(x).mean(dim=1))
+
+
+def make_cnn_data(n: int, num_classes: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images whose class is the position and colour of a bright blob, with noise."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    x = 0.3 * torch.randn(n, 3, 16, 16, generator=g)
+    for i in range(n):
+        c = int(y[i])
+        r, col = 2 + 3 * (c // 4), 2 + 3 * (c % 4)
+        x[i, c % 3, r:r + 4, col:col + 4] += 1.5
+    return x, y
+
+
+def make_seq_data(n: int, dim: int = 32, seq: int = 16, num_classes: int = 4,
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sequences whose class is which of ``num_classes`` directions a few tokens carry."""
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(num_classes, dim, generator=g)
+    y = torch.randint(0, num_classes, (n,), generator=g)
+    x = torch.randn(n, seq, dim, generator=g)
+    x[:, :4, :] += 0.8 * dirs[y].unsqueeze(1)
+    return x, y
+
+
+def sqnr_db(reference: torch.Tensor, output: torch.Tensor) -> float:
+    """``10·log10(Σ ref² / Σ (out − ref)²)`` in float64."""
+    ref = reference.detach().double()
+    err = output.detach().double() - ref
+    return float(10 * torch.log10(ref.pow(2).sum() / err.pow(2).sum()))
