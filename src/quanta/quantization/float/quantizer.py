@@ -163,10 +163,10 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
         resolve_layout(x.shape, self.shape, self.block_size)
         if self._calibrating:
             with self._batch_maxval(x):
-                return self._apply(x)
-        return self._apply(x)
+                return self._fake_cast(x)
+        return self._fake_cast(x)
 
-    def _apply(self, x: torch.Tensor) -> DequantizedTensor:
+    def _fake_cast(self, x: torch.Tensor) -> DequantizedTensor:
         enc = self.get_encodings()
         out = kernels.quantize_dequantize(x, enc.scale, self.format, self.block_size)
         return DequantizedTensor._wrap(out, enc)
