@@ -75,10 +75,10 @@ def plain(x: Any) -> Any:
 def _state_key(p: torch.Tensor, q: nn.Module) -> tuple:
     # Changes when the parameter or any tensor of the quantizer is replaced or updated in place.
     key = [id(p), p._version]
-    for t in q.parameters():
-        key += (id(t), t._version)
-    for t in q.buffers():
-        key += (id(t), t._version)
+    for m in q.modules():  # a quantizer is (almost always) a single module: read its dicts directly
+        for t in (*m._parameters.values(), *m._buffers.values()):
+            if t is not None:
+                key += (id(t), t._version)
     return tuple(key)
 
 

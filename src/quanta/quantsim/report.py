@@ -86,14 +86,14 @@ class LayerSQNRReport:
             raise ImportError("LayerSQNRReport.plot needs matplotlib: pip install 'quanta[plot]'") from None
         names = [r.name for r in self.layers]
         cap = lambda v: min(v, 100.0)  # noqa: E731  (exact layers: inf, drawn at 100 dB)
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(names) + 2), 4))
+        fig, ax = plt.subplots(figsize=(max(7.0, 0.35 * len(names) + 2), 4.5))
         xs = range(len(names))
         ax.bar([x - 0.2 for x in xs], [cap(r.sqnr_db) for r in self.layers], width=0.4, label="vs float model")
         ax.bar([x + 0.2 for x in xs], [cap(r.local_sqnr_db) for r in self.layers], width=0.4, label="layer alone")
         ax.set_xticks(list(xs))
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
         ax.set_ylabel("SQNR (dB)")
-        ax.set_title(f"{title} (model output {self.output_sqnr_db:.1f} dB)")
+        ax.set_title(f"{title}\nmodel output: {self.output_sqnr_db:.1f} dB", fontsize=10)
         ax.legend()
         fig.tight_layout()
         fig.savefig(path)
@@ -143,7 +143,8 @@ def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNR
     from quanta.quantsim.config import op_types_of
     from quanta.quantsim.quantsim import _eval_no_grad, _set_slots
 
-    modules = list(sim.quantized_modules())
+    # modules whose quantizers are all off (e.g. BatchNorm inside a Conv-BN-ReLU supergroup) add no error: no row
+    modules = [(name, m) for name, m in sim.quantized_modules() if next(iter(m._quantizers()), None) is not None]
     state = _State()
     order: list[str] = []
 
