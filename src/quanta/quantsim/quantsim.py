@@ -500,8 +500,21 @@ class QuantizationSimModel:
         """The current encoding of every initialised quantizer, by quantizer name."""
         return {name: q.get_encodings() for name, q in self.named_quantizers() if q.is_initialized()}
 
-    def save_encodings(self, path: str | os.PathLike) -> None:
-        """Write every initialised quantizer's encoding to a JSON file (atomically) that :meth:`load_encodings` reads."""
+    def save_encodings(self, path: str | os.PathLike, version: str | None = None) -> None:
+        """Write every initialised quantizer's encoding to a JSON file (atomically) that :meth:`load_encodings` reads.
+
+        ``version=None`` writes quanta's lossless format (any grid, block and
+        float format); ``"0.6.1"``, ``"1.0.0"`` or ``"2.0.0"`` write AIMET's
+        encodings formats (see :mod:`quanta.export.encodings`), with activations
+        named ``"<module>.output.<i>"`` / ``"<module>.input.<i>"`` and parameters
+        ``"<module>.<param>"``. Encodings a version cannot hold raise ValueError.
+        """
+        if version is not None:
+            from quanta.export.encodings import EncodingsVersion
+            from quanta.export.sim_encodings import export_encodings
+
+            export_encodings(self, path, EncodingsVersion.parse(version))
+            return
         entries = {}
         for name, enc in self.get_encodings().items():
             entries[name] = {"type": "float" if isinstance(enc, FloatEncoding) else "affine", **enc.to_dict()}
@@ -517,7 +530,8 @@ class QuantizationSimModel:
         requires_grad: bool | None = None,
         allow_overwrite: bool | None = None,
     ) -> None:
-        """Set quantizer encodings from a file written by :meth:`save_encodings` (or its dict).
+        """Set quantizer encodings from a file written by :meth:`save_encodings` (or its dict), in quanta's
+        format or in AIMET's 0.6.1 / 1.0.0 / 2.0.0 formats (names as :meth:`save_encodings` writes them).
 
         Args:
             strict: every entry must name an existing, enabled quantizer of the same grid and shape.
@@ -528,6 +542,12 @@ class QuantizationSimModel:
         Nothing is changed unless the whole file is valid. Raises ValueError
         naming the entry for malformed content; loading never executes code.
         """
+        if not _is_quanta_format(encodings):
+            from quanta.export.sim_encodings import apply_encodings
+
+            apply_encodings(self, encodings, strict=strict, partial=partial, requires_grad=requires_grad,
+                            allow_overwrite=allow_overwrite)
+            return
         doc = _read_encodings(encodings)
         entries = doc["quantizers"]
         own = dict(self.named_quantizers())
@@ -657,6 +677,20 @@ def _run_node(root: nn.Module, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
             obj = getattr(obj, part)
         return obj
     raise RuntimeError(f"unexpected graph node {node.op} {node.target}")  # pragma: no cover
+
+
+def _is_quanta_format(source: Any) -> bool:
+    """Whether ``source`` (a path or a mapping) is quanta's own encodings format (else AIMET's)."""
+    if isinstance(source, Mapping):
+        return source.get("format") == ENCODINGS_FORMAT
+    if isinstance(source, (str, os.PathLike)) and os.path.isfile(source):
+        try:
+            with open(source, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            return True  # let the quanta reader report the malformed file
+        return not isinstance(doc, Mapping) or doc.get("format") == ENCODINGS_FORMAT or "version" not in doc
+    return True
 
 
 def _read_encodings(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,33 @@
+"""Export: AIMET encodings files (:mod:`quanta.export.encodings`) and a QuantizationSimModel's
+encodings in them (:mod:`quanta.export.sim_encodings`)."""
+
+from quanta.export.encodings import (
+    EncodingDtype,
+    EncodingsFile,
+    EncodingsVersion,
+    FileEncoding,
+    Granularity,
+    OffsetOrigin,
+    encodings_from_dict,
+    encodings_to_dict,
+    read_encodings,
+    write_encodings,
+)
+from quanta.export.sim_encodings import apply_encodings, export_encodings, sim_encodings, tensor_names
+
+__all__ = [
+    "EncodingDtype",
+    "EncodingsFile",
+    "EncodingsVersion",
+    "FileEncoding",
+    "Granularity",
+    "OffsetOrigin",
+    "apply_encodings",
+    "encodings_from_dict",
+    "encodings_to_dict",
+    "export_encodings",
+    "read_encodings",
+    "sim_encodings",
+    "tensor_names",
+    "write_encodings",
+]
