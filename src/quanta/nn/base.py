@@ -72,14 +72,21 @@ def plain(x: Any) -> Any:
     return x
 
 
-def _state_key(p: torch.Tensor, q: nn.Module) -> tuple:
-    # Changes when the parameter or any tensor of the quantizer is replaced or updated in place.
-    key = [id(p), p._version]
-    for m in q.modules():  # a quantizer is (almost always) a single module: read its dicts directly
-        for t in (*m._parameters.values(), *m._buffers.values()):
-            if t is not None:
-                key += (id(t), t._version)
-    return tuple(key)
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (id(t), t._version, t.data_ptr(), t.dtype, t.device, tuple(t.shape))
+
+
+def _quantizer_state(q: nn.Module) -> list[torch.Tensor]:
+    # a quantizer's own tensors (ranges, flags) are tiny: compared by value, so even `.data` writes are seen
+    return [t.detach().clone() for m in q.modules() for t in (*m._parameters.values(), *m._buffers.values())
+            if t is not None]
+
+
+def _same_state(saved: list[torch.Tensor], q: nn.Module) -> bool:
+    now = [t for m in q.modules() for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+    return len(now) == len(saved) and all(
+        a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and torch.equal(a, b)
+        for a, b in zip(saved, now))
 
 
 class QuantizationMixin:
@@ -170,11 +177,15 @@ class QuantizationMixin:
     def _qparam(self, name: str) -> torch.Tensor | None:
         """Parameter ``name`` after its quantizer (if any), as a plain tensor; None if there is no such parameter.
 
-        Without autograd (eval under ``torch.no_grad()``), the fake-quantized
-        parameter is computed once and reused until the parameter or the
-        quantizer's range changes (tracked by their version counters): an
-        inference forward then costs no weight quantization. The cache holds
-        one copy of each quantized parameter; training never uses it.
+        In eval mode without autograd (``model.eval()`` under ``torch.no_grad()``),
+        the fake-quantized parameter is computed once and reused while the
+        quantizer's tensors hold the same values and the parameter is the same
+        tensor, unchanged by in-place ops (its version counter), so an inference
+        forward costs no weight quantization. The cache holds one copy of each
+        quantized parameter; training mode never uses it and ``train()``/``eval()``
+        clear it. The one change it cannot see is an in-place write through
+        ``param.data`` (which bypasses version counters) made while in eval mode:
+        call ``module.eval()`` again after such a write.
         """
         p = getattr(self, name)
         if p is None:
@@ -185,16 +196,26 @@ class QuantizationMixin:
             q = None
         if q is None or not isinstance(p, torch.Tensor):
             return p
-        if torch.is_grad_enabled() or getattr(q, "_calibrating", False):
+        if self.training or torch.is_grad_enabled() or getattr(q, "_calibrating", False):  # type: ignore[attr-defined]
             return plain(q(p))
         cache = self.__dict__.setdefault("_qparam_cache", {})
-        key = _state_key(p, q)
+        key = _tensor_key(p)
         hit = cache.get(name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
+        if hit is not None and hit[0] == key and hit[1] is q and _same_state(hit[2], q):
+            return hit[3]
         value = plain(q(p))
-        cache[name] = (key, value)
+        cache[name] = (key, q, _quantizer_state(q), value)
         return value
+
+    def train(self, mode: bool = True):  # type: ignore[override]
+        """``nn.Module.train``; also drops the eval-mode cache of fake-quantized parameters."""
+        self.__dict__.pop("_qparam_cache", None)
+        return super().train(mode)  # type: ignore[misc]
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # .to()/.double()/.half() replace parameter data in place (same tensor object): drop the cache
+        self.__dict__.pop("_qparam_cache", None)
+        return super()._apply(fn, recurse)  # type: ignore[misc]
 
     def _qinput(self, i: int, x: Any) -> Any:
         return plain(qdq(self.input_quantizers[i], x))
