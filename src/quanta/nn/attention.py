@@ -172,4 +172,4 @@ class QuantizedMultiheadAttention(QuantizationMixin, nn.MultiheadAttention):
             attn_output = attn_output.transpose(1, 0)
         if isinstance(self.out_proj, QuantizationMixin):  # off by default; honoured if the user sets it
             attn_output = self.out_proj._qoutput(attn_output)
-        return self._qoutput(attn_output, 0), qdq(self.output_quantizers[1], attn_weights)
+        return self._qoutput(attn_output, 0), self._qoutput(attn_weights, 1)

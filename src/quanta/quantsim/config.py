@@ -723,7 +723,8 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
         "strict_symmetric": False,
         "unsigned_symmetric": False,
     },
-    "params": {"bias": {"is_quantized": False}},
+    # every bias off, including MultiheadAttention's (in_proj_bias, bias_k/bias_v: added, not multiplied)
+    "params": {name: {"is_quantized": False} for name in ("bias", "in_proj_bias", "bias_k", "bias_v")},
     "op_type": {
         # Simulated BN: folded into the preceding conv on deployment, so its own params stay float.
         "BatchNormalization": {

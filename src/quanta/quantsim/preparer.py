@@ -66,8 +66,8 @@ def _binary(factory: Callable[[], nn.Module], extra_kwargs: tuple[str, ...] = ()
 
 def _softmax(node: fx.Node):
     dim = _arg(node, 1, "dim")
-    if not isinstance(dim, int) or _arg(node, 2, "dtype") is not None or "_stacklevel" in node.kwargs:
-        return None
+    if not isinstance(dim, int) or _arg(node, 2, "dtype") is not None:
+        return None  # (F.softmax's `_stacklevel` keyword, always recorded by fx, only affects warnings)
     return nn.Softmax(dim=dim), (node.args[0],)
 
 
@@ -146,6 +146,8 @@ class PreparedModel:
         traced: whether torch.fx traced it (else functional ops are not quantized; see ``trace_error``).
         inserted: ``(name, module)`` for every functional op turned into a module, in graph order.
         float_ops: names of graph nodes that change values, have no quantized counterpart and stay in float.
+        direct_params: parameters that ``forward`` code reads directly (not through a quantizable module):
+            their owner module was traced through and they stay in float.
         trace_error: why tracing failed (None if it worked).
     """
 
@@ -153,6 +155,7 @@ class PreparedModel:
     traced: bool
     inserted: list[tuple[str, nn.Module]] = field(default_factory=list)
     float_ops: list[str] = field(default_factory=list)
+    direct_params: list[str] = field(default_factory=list)
     trace_error: str | None = None
 
     @property
@@ -220,6 +223,13 @@ def _changes_values(node: fx.Node) -> bool:
     return False
 
 
+def _attr(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
 def _trace(model: nn.Module) -> fx.GraphModule:
     tracer = _Tracer()
     graph = tracer.trace(model)
@@ -241,13 +251,12 @@ def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> 
     args = _as_tuple(dummy_input)
     if not trace:
         return PreparedModel(model, traced=False, trace_error="tracing disabled (trace=False)")
+    modes = {m: m.training for m in model.modules()}  # the graph module shares these leaves: restore each one
     try:
         gm = _trace(model)
-        was_training = gm.training
         gm.eval()
         with torch.no_grad():
             ShapeProp(gm).propagate(*args)
-        gm.train(was_training)
     except Exception as e:  # noqa: BLE001  (any tracing failure falls back to module replacement)
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
         warnings.warn(
@@ -257,8 +266,15 @@ def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> 
             stacklevel=3,
         )
         return PreparedModel(model, traced=False, trace_error=msg)
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    gm.training = model.training
 
     prepared = PreparedModel(gm, traced=True)
+    for node in gm.graph.nodes:  # a parameter read directly in forward() has no quantizer: say so
+        if node.op == "get_attr" and isinstance(_attr(gm, node.target), nn.Parameter):
+            prepared.direct_params.append(node.target)
     taken: set[str] = set()
     for node in list(gm.graph.nodes):
         if node.op not in ("call_function", "call_method") or not _is_float_tensor_node(node):

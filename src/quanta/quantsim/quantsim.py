@@ -21,7 +21,7 @@ import copy
 import json
 import os
 import warnings
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -31,8 +31,9 @@ from torch import fx, nn
 from quanta._files import atomic_write
 from quanta.encodings.affine import AffineEncoding
 from quanta.encodings.float import FloatEncoding
+from quanta.kernels.qparams import offset_from_range
 from quanta.nn import QuantizationMixin
-from quanta.nn.modules import QuantizedEmbedding
+from quanta.nn.modules import QuantizedConcat, QuantizedEmbedding
 from quanta.nn.registry import quantized_class_for
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
@@ -130,7 +131,7 @@ class QuantizationSimModel:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-        if isinstance(model, fx.GraphModule) is False and any(isinstance(m, QuantizerBase) for m in model.modules()):
+        if any(isinstance(m, (QuantizerBase, QuantizationMixin)) for m in model.modules()):
             raise ValueError("model already holds quantizers; pass the float model")
         self._dummy_input = _check_inputs(dummy_input)
         self.quant_scheme = QuantScheme.parse(quant_scheme)
@@ -153,6 +154,10 @@ class QuantizationSimModel:
         #: graph nodes of functional ops that change values and stay in float
         self.float_ops: list[str] = list(self._prepared.float_ops)
         self._replace_modules(self.model, "")
+        for target in self._prepared.direct_params:  # a module whose forward uses its parameters directly
+            owner = target.rpartition(".")[0] or target
+            if owner not in self.unquantized_modules:
+                self.unquantized_modules.append(owner)
         self._configure()
         self._warn_unquantized()
 
@@ -186,10 +191,23 @@ class QuantizationSimModel:
             )
 
     def quantized_modules(self) -> Iterator[tuple[str, QuantizationMixin]]:
-        """``(name, module)`` for every quantized module of :attr:`model`."""
-        for name, m in self.model.named_modules():
-            if isinstance(m, QuantizationMixin):
-                yield name, m
+        """``(name, module)`` for every quantized module of :attr:`model` (not those inside another one, such as
+        ``QuantizedMultiheadAttention.out_proj``, which their parent configures)."""
+        def walk(module: nn.Module, prefix: str) -> Iterator[tuple[str, QuantizationMixin]]:
+            for name, child in module.named_children():
+                if isinstance(child, QuantizationMixin):
+                    yield prefix + name, child
+                else:
+                    yield from walk(child, f"{prefix}{name}.")
+        yield from walk(self.model, "")
+
+    def _concat_arity(self) -> dict[str, int]:
+        graph = self._prepared.graph
+        if graph is None:
+            return {}
+        modules = dict(self.model.named_modules())
+        return {n.target: len(n.args) for n in graph.nodes  # type: ignore[misc]
+                if n.op == "call_module" and isinstance(modules.get(n.target), QuantizedConcat)}  # type: ignore[arg-type]
 
     def _graph_io(self) -> tuple[set[str], set[str]]:
         """Names of modules fed by a model input, and of modules whose output is a model output."""
@@ -206,8 +224,11 @@ class QuantizationSimModel:
 
     def _configure(self) -> None:
         fed, out = self._graph_io()
+        arity = self._concat_arity()
         for name, module in self.quantized_modules():
             module.plain_outputs = True  # values only between modules: no subclass dispatch on every downstream op
+            if name in arity:  # one input slot per concatenated tensor
+                module.input_quantizers = nn.ModuleList([None] * arity[name])
             op_types = op_types_of(module)
             for pname in list(module.param_quantizers):
                 spec = self.config.param_spec(name, op_types, pname)
@@ -363,7 +384,7 @@ class QuantizationSimModel:
     def quantizers_disabled(self) -> Iterator[None]:
         """Inside the block every quantizer slot is None (the model runs in float); restored on exit."""
         saved = [(m, list(m.input_quantizers), list(m.output_quantizers), dict(m.param_quantizers.items()))
-                 for _, m in self.quantized_modules()]
+                 for m in self.model.modules() if isinstance(m, QuantizationMixin)]  # nested ones too
         try:
             for m, ins, outs, params in saved:
                 _set_slots(m, [None] * len(ins), [None] * len(outs), dict.fromkeys(params))
@@ -401,22 +422,29 @@ class QuantizationSimModel:
         if total is None and not callable(forward_pass_callback):
             total = len(forward_pass_callback) if hasattr(forward_pass_callback, "__len__") else None  # type: ignore[arg-type]
         quantizers = list(self.named_quantizers())
-        with contextlib.ExitStack() as stack, warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            stack.enter_context(_eval_no_grad(self.model))
-            stack.enter_context(progress_bar(self.model, total, enabled=progress, desc="compute_encodings"))
-            for _, q in quantizers:
-                stack.enter_context(q.compute_encodings())
-            run(self.model)
-        others = [w for w in caught if "no input was seen" not in str(w.message)]
-        for w in others:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        unseen = [name for name, q in quantizers if not q.is_initialized()]
-        if len(others) != len(caught) or unseen:
-            missing = [name for name, q in quantizers if not q.is_initialized()]
+        seen: set[int] = set()
+        hooks = [q.register_forward_pre_hook(lambda m, args: seen.add(id(m))) for _, q in quantizers]
+        try:
+            # catch_warnings outermost: the quantizers' own "no input was seen" warnings fire on exit of the stack
+            with warnings.catch_warnings(record=True) as caught, contextlib.ExitStack() as stack:
+                warnings.simplefilter("always")
+                stack.enter_context(_eval_no_grad(self.model))
+                stack.enter_context(progress_bar(self.model, total, enabled=progress, desc="compute_encodings"))
+                for _, q in quantizers:
+                    stack.enter_context(q.compute_encodings())
+                run(self.model)
+        finally:
+            for h in hooks:
+                h.remove()
+        for w in caught:
+            if "no input was seen" not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        unseen = [name for name, q in quantizers if id(q) not in seen and q._allow_overwrite]
+        if unseen:
+            missing = [name for name in unseen if not dict(quantizers)[name].is_initialized()]
             warnings.warn(
-                f"compute_encodings: {len(caught) - len(others)} quantizers saw no input"
-                + (f"; still uninitialised: {_shortlist(missing)}" if missing else ""),
+                f"compute_encodings: {len(unseen)} quantizers saw no input and kept their encoding: "
+                f"{_shortlist(unseen)}" + (f"; still uninitialised: {_shortlist(missing)}" if missing else ""),
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -476,24 +504,36 @@ class QuantizationSimModel:
                         envs[b][ph] = ph.args[0]
                     else:
                         raise TypeError(f"batch {b} gives {len(args)} inputs, the model needs {ph.target!r} too")
-            for i, node in enumerate(nodes):
-                if node.op == "placeholder":
+            # A module called from several places (a shared ReLU) is calibrated on all of them: its statistics
+            # stay open from its first call site to its last; earlier sites use each batch's own range.
+            sites = Counter(n.target for n in nodes
+                            if n.op == "call_module" and isinstance(modules.get(n.target), QuantizationMixin))
+            visits: Counter = Counter()
+            with contextlib.ExitStack() as open_calibrations:
+                calibrating: dict[Any, contextlib.ExitStack] = {}
+                for i, node in enumerate(nodes):
+                    if node.op == "placeholder":
+                        advance()
+                        continue
+                    if node.op == "output":
+                        break
+                    module = modules.get(node.target) if node.op == "call_module" else None
+                    if isinstance(module, QuantizationMixin):
+                        visits[node.target] += 1
+                        if node.target not in calibrating:
+                            stack = calibrating[node.target] = open_calibrations.enter_context(contextlib.ExitStack())
+                            stack.enter_context(module.compute_encodings())
+                        if visits[node.target] == sites[node.target]:  # last site: finish, then run calibrated
+                            for env in envs:
+                                _run_node(self.model, node, env)
+                            calibrating.pop(node.target).close()
+                    for env in envs:
+                        env[node] = _run_node(self.model, node, env)
+                    for a in node.all_input_nodes:
+                        if last_use.get(a) == i:
+                            for env in envs:
+                                env.pop(a, None)
                     advance()
-                    continue
-                if node.op == "output":
-                    break
-                module = modules.get(node.target) if node.op == "call_module" else None
-                if isinstance(module, QuantizationMixin):
-                    with module.compute_encodings():
-                        for env in envs:
-                            _run_node(self.model, node, env)
-                for env in envs:
-                    env[node] = _run_node(self.model, node, env)
-                for a in node.all_input_nodes:
-                    if last_use.get(a) == i:
-                        for env in envs:
-                            env.pop(a, None)
-                advance()
 
     # ------------------------------------------------------------------ encodings
     def get_encodings(self) -> dict[str, AffineEncoding | FloatEncoding]:
@@ -520,7 +560,11 @@ class QuantizationSimModel:
             entries[name] = {"type": "float" if isinstance(enc, FloatEncoding) else "affine", **enc.to_dict()}
         doc = {"format": ENCODINGS_FORMAT, "version": ENCODINGS_VERSION, "quantizers": entries}
         text = json.dumps(doc, indent=1)
-        atomic_write(path, lambda tmp: open(tmp, "w", encoding="utf-8").write(text))
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+
+        atomic_write(path, write)
 
     def load_encodings(
         self,
@@ -564,14 +608,8 @@ class QuantizationSimModel:
             if name not in own:
                 continue
             enc = _parse_entry(name, entry)
-            q = own[name]
-            if isinstance(enc, AffineEncoding) != isinstance(q, QuantizeDequantize):
-                raise ValueError(f"encodings[{name!r}]: a {entry.get('type')} encoding for a {type(q).__name__}")
-            if tuple(enc.scale.shape) != tuple(q.shape) or getattr(enc, "grid", None) != getattr(q, "grid", None) \
-                    and isinstance(enc, AffineEncoding):
-                raise ValueError(f"encodings[{name!r}]: shape {tuple(enc.scale.shape)} / grid {enc.grid} differ from "
-                                 f"the quantizer's {q.shape} / {q.grid}")  # type: ignore[union-attr]
-            parsed.append((q, enc))
+            _check_entry(name, enc, own[name])
+            parsed.append((own[name], enc))
         for q, enc in parsed:
             if isinstance(enc, AffineEncoding):
                 q.set_encodings(enc)  # type: ignore[union-attr]
@@ -714,6 +752,31 @@ def _read_encodings(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, 
     if not isinstance(doc.get("quantizers"), Mapping):
         raise ValueError("encodings['quantizers'] must be a mapping of quantizer names to encodings")
     return dict(doc)
+
+
+def _check_entry(name: str, enc: AffineEncoding | FloatEncoding, q: QuantizerBase) -> None:
+    """Everything ``set_encodings``/``set_range`` would reject, checked before anything is changed."""
+    where = f"encodings[{name!r}]"
+    if isinstance(enc, AffineEncoding) != isinstance(q, QuantizeDequantize):
+        raise ValueError(f"{where}: a {'affine' if isinstance(enc, AffineEncoding) else 'float'} encoding for a "
+                         f"{type(q).__name__}")
+    if tuple(enc.scale.shape) != tuple(q.shape):  # type: ignore[attr-defined]
+        raise ValueError(f"{where}: shape {tuple(enc.scale.shape)} differs from the quantizer's {q.shape}")  # type: ignore[attr-defined]
+    if enc.block_size != q.block_size:  # type: ignore[attr-defined]
+        raise ValueError(f"{where}: block_size {enc.block_size} differs from the quantizer's {q.block_size}")  # type: ignore[attr-defined]
+    if isinstance(enc, FloatEncoding):
+        if enc.format != q.format:  # type: ignore[attr-defined]
+            raise ValueError(f"{where}: float format {enc.format} differs from the quantizer's {q.format}")  # type: ignore[attr-defined]
+        return
+    if enc.grid != q.grid:  # type: ignore[attr-defined]
+        raise ValueError(f"{where}: grid {enc.grid} differs from the quantizer's {q.grid}")  # type: ignore[attr-defined]
+    offset = torch.broadcast_to(enc.offset, enc.scale.shape)
+    if not bool(torch.isfinite(offset).all()) or not torch.equal(offset, offset.round()):
+        raise ValueError(f"{where}: offsets must be finite integers")
+    if q.symmetric:  # type: ignore[attr-defined]
+        want = offset_from_range(enc.scale, enc.scale, q.grid, True)  # type: ignore[attr-defined]
+        if not torch.equal(offset.float(), torch.broadcast_to(want, offset.shape).float()):
+            raise ValueError(f"{where}: a symmetric quantizer needs the symmetric offset {want.flatten()[0].item()}")
 
 
 def _parse_entry(name: str, entry: Any) -> AffineEncoding | FloatEncoding:

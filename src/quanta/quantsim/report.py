@@ -140,6 +140,7 @@ class _State:
 
 def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNRReport:
     """Build a :class:`LayerSQNRReport` for ``sim`` on ``batches`` (inputs, or tuples of inputs)."""
+    from quanta.nn import QuantizationMixin
     from quanta.quantsim.config import op_types_of
     from quanta.quantsim.quantsim import _eval_no_grad, _set_slots
 
@@ -164,14 +165,18 @@ def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNR
             acc = state.cumulative.setdefault(name, _Acc())
             for r, o in zip(refs, outs):
                 acc.add(r, o)
-            saved = (list(mod.input_quantizers), list(mod.output_quantizers), dict(mod.param_quantizers.items()))
-            _set_slots(mod, [None] * len(saved[0]), [None] * len(saved[1]), dict.fromkeys(saved[2]))
+            inner = [m for m in mod.modules() if isinstance(m, QuantizationMixin)]  # with nested ones (MHA out_proj)
+            saved = [(list(m.input_quantizers), list(m.output_quantizers), dict(m.param_quantizers.items()))
+                     for m in inner]
+            for m, (ins, out_slots, params) in zip(inner, saved):
+                _set_slots(m, [None] * len(ins), [None] * len(out_slots), dict.fromkeys(params))
             state.inner = True
             try:
                 plain = _tensors(mod(*args, **kwargs))
             finally:
                 state.inner = False
-                _set_slots(mod, *saved)
+                for m, slots in zip(inner, saved):
+                    _set_slots(m, *slots)
             lacc = state.local.setdefault(name, _Acc())
             for r, o in zip(plain, outs):
                 lacc.add(r, o)

@@ -80,6 +80,9 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
             )
         if bitwidth is None and qmin is None and qmax is None:
             raise TypeError(f"{type(self).__name__} needs bitwidth=..., or qmin=... and qmax=...")
+        if bitwidth is not None and (qmin is not None or qmax is not None):
+            raise TypeError(f"{type(self).__name__} takes bitwidth=... or qmin=.../qmax=..., not both "
+                            f"(got bitwidth={bitwidth!r}, qmin={qmin!r}, qmax={qmax!r})")
         self.grid = (
             resolve_grid(bitwidth, signed=symmetric) if bitwidth is not None else resolve_grid(qmin=qmin, qmax=qmax)
         )
@@ -283,6 +286,9 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         key = (x.shape, x.dtype, x.device)
         p = self._plans.get(key)
         if p is None:
+            if x.device != self.min.device:  # checked once per new (shape, dtype, device)
+                raise ValueError(f"input is on {x.device} but the quantizer's parameters are on {self.min.device}; "
+                                 "move them to one device (quantizer.to(device))")
             if len(self._plans) >= 16:
                 self._plans.clear()
             p = self._plans[key] = plan(x, self.shape, self.grid, self.block_size, self._out_dtype(x.dtype))
@@ -414,7 +420,7 @@ class _QParams:
 
     def matches(self, mn: torch.Tensor, mx: torch.Tensor) -> bool:
         # Values, not version counters: writes through `.data` do not bump versions.
-        return (mn.device == self.min.device and torch.equal(mn.detach(), self.min)
+        return (mn.device == self.min.device and mn.dtype == self.min.dtype and torch.equal(mn.detach(), self.min)
                 and torch.equal(mx.detach(), self.max))
 
 
