@@ -1,5 +1,6 @@
-"""Export: AIMET encodings files (:mod:`quanta.export.encodings`) and a QuantizationSimModel's
-encodings in them (:mod:`quanta.export.sim_encodings`)."""
+"""Export: AIMET encodings files (:mod:`quanta.export.encodings`), a QuantizationSimModel's
+encodings in them (:mod:`quanta.export.sim_encodings`), and ONNX with QuantizeLinear/DequantizeLinear
+(:mod:`quanta.export.onnx`; onnx itself is imported only when exporting)."""
 
 from quanta.export.encodings import (
     EncodingDtype,
@@ -13,6 +14,7 @@ from quanta.export.encodings import (
     read_encodings,
     write_encodings,
 )
+from quanta.export.onnx import export_onnx
 from quanta.export.sim_encodings import apply_encodings, export_encodings, sim_encodings, tensor_names
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "encodings_from_dict",
     "encodings_to_dict",
     "export_encodings",
+    "export_onnx",
     "read_encodings",
     "sim_encodings",
     "tensor_names",

@@ -24,7 +24,7 @@ True
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,8 +120,11 @@ def _quantizer_args(sim: Any, params: Mapping[str, Encoding], version: Encodings
 
 
 def export_encodings(sim: Any, path: str | os.PathLike,
-                     version: EncodingsVersion | str = EncodingsVersion.V1_0_0) -> None:
+                     version: EncodingsVersion | str = EncodingsVersion.V1_0_0, *,
+                     tensors: Collection[str] | None = None) -> None:
     """Write the encodings of every initialised quantizer of ``sim`` to ``path`` (atomically).
+
+    ``tensors`` limits the file to these tensor names (e.g. those an ONNX export kept).
 
     ``is_symmetric``/``is_sym`` come from the quantizers themselves;
     ``excluded_layers`` lists ``sim.unquantized_modules``; ``quantizer_args``
@@ -131,6 +134,10 @@ def export_encodings(sim: Any, path: str | os.PathLike,
     """
     version = EncodingsVersion.parse(version)
     acts, params = sim_encodings(sim)
+    if tensors is not None:
+        keep = set(tensors)
+        acts = {k: v for k, v in acts.items() if k in keep}
+        params = {k: v for k, v in params.items() if k in keep}
     symmetric = {s.tensor: s.quantizer.symmetric for s in _slots(sim)
                  if isinstance(s.quantizer, AffineQuantizerBase)}
     kwargs: dict[str, Any] = {"symmetric": symmetric}

@@ -638,6 +638,48 @@ class QuantizationSimModel:
                     p.copy_(q(p).as_subclass(torch.Tensor))
                 module.param_quantizers[pname] = None
 
+    # ------------------------------------------------------------------ export
+    def export(
+        self,
+        path: str | os.PathLike,
+        filename_prefix: str,
+        dummy_input: torch.Tensor | tuple[torch.Tensor, ...],
+        *,
+        encoding_version: str = "1.0.0",
+        qdq: bool = True,
+        prequantize_weights: bool = False,
+        opset: int | None = None,
+    ) -> dict[str, str]:
+        """Write ``<path>/<filename_prefix>.onnx`` and ``<path>/<filename_prefix>.encodings`` (AIMET's export).
+
+        The ONNX graph has standard QuantizeLinear/DequantizeLinear nodes for every
+        quantizer (``qdq=False``: the float graph, for toolchains that read the
+        encodings file instead); weights can be stored pre-quantized. The opset is
+        the lowest the dtypes need (13 for 8-bit, 21 for int4/int16/blocks) unless
+        ``opset`` is given. The encodings file is AIMET's ``encoding_version``
+        format (``"0.6.1"``, ``"1.0.0"``, ``"2.0.0"``), keyed by the ONNX tensor
+        names; :meth:`load_encodings` reads it back. Both files are written
+        atomically. Needs the ``onnx`` extra (``pip install 'quanta[onnx]'``).
+
+        Returns ``{quantizer name: ONNX tensor name}``.
+        """
+        from quanta.export.encodings import EncodingsVersion
+        from quanta.export.onnx import export_onnx
+        from quanta.export.sim_encodings import export_encodings
+
+        if not isinstance(filename_prefix, str) or not filename_prefix or os.sep in filename_prefix:
+            raise ValueError(f"filename_prefix must be a non-empty file name without '{os.sep}', "
+                             f"got {filename_prefix!r}")
+        directory = os.fspath(path)
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"export directory does not exist: {directory}")
+        version = EncodingsVersion.parse(encoding_version)
+        names = export_onnx(self, os.path.join(directory, f"{filename_prefix}.onnx"), dummy_input, qdq=qdq,
+                            prequantize_weights=prequantize_weights, opset=opset)
+        export_encodings(self, os.path.join(directory, f"{filename_prefix}.encodings"), version,
+                         tensors=set(names.values()))
+        return names
+
     # ------------------------------------------------------------------ analysis
     def layer_sqnr(self, batches: Iterable[Any]) -> "LayerSQNRReport":
         """Per-layer SQNR of the quantized model against float, on ``batches``; see :mod:`quanta.quantsim.report`."""
