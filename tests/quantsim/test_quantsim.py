@@ -641,7 +641,7 @@ def test_quant_schemes_calibrate(scheme):
     assert sim.quant_scheme is parsed
     for name, q in sim.named_quantizers():
         assert q.is_initialized(), name
-        learns = parsed.learns_ranges if "output" in name else False  # params use param_quant_scheme=min_max
+        learns = parsed.learns_ranges  # params follow: min_max init, learned under range learning (AIMET)
         assert q.min.requires_grad is learns and q.max.requires_grad is learns, name
     y = no_grad_forward(sim.model, x)
     assert torch.isfinite(y).all()

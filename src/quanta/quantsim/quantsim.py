@@ -89,8 +89,9 @@ class QuantizationSimModel:
         quant_scheme: a :class:`QuantScheme` or its name (``"min_max"``,
             ``"percentile"``, ``"sqnr"``, ``"range_learning_min_max"``,
             ``"range_learning_sqnr"``, or AIMET's ``"post_training_tf"``, ...). It calibrates
-            activations; weights use ``param_quant_scheme`` (default min_max:
-            a weight's range is known exactly, clipping it rarely helps).
+            activations; weights use ``param_quant_scheme`` (default: min_max,
+            or range_learning_min_max when ``quant_scheme`` learns ranges, as in
+            AIMET — a weight's range is known exactly, clipping it rarely helps).
         rounding_mode: AIMET's deprecated argument; only None or ``"nearest"``.
         default_output_bw / default_param_bw: bitwidths of activation / parameter
             quantizers where the config does not set one.
@@ -105,7 +106,7 @@ class QuantizationSimModel:
             Conv/Linear/Add + ReLU and Conv + BatchNorm (see docs/quantsim_config.md).
         default_data_type: ``int`` (integer grids) or ``float`` (16 bits: float16;
             8 bits: float8 e4m3fn).
-        param_quant_scheme: scheme for parameter quantizers (keyword only).
+        param_quant_scheme: scheme for parameter quantizers (keyword only; see ``quant_scheme``).
         trace: set False to skip torch.fx tracing (functional ops then stay in float).
 
     After construction, :attr:`model` is the quantized model. Leaf modules with
@@ -126,7 +127,7 @@ class QuantizationSimModel:
         config_file: str | os.PathLike | Mapping | QuantSimConfig | None = None,
         default_data_type: Any = int,
         *,
-        param_quant_scheme: QuantScheme | str = QuantScheme.MIN_MAX,
+        param_quant_scheme: QuantScheme | str | None = None,
         trace: bool = True,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -135,6 +136,9 @@ class QuantizationSimModel:
             raise ValueError("model already holds quantizers; pass the float model")
         self._dummy_input = _check_inputs(dummy_input)
         self.quant_scheme = QuantScheme.parse(quant_scheme)
+        if param_quant_scheme is None:  # as AIMET: range learning trains the weight ranges too (min/max init)
+            param_quant_scheme = (QuantScheme.RANGE_LEARNING_MIN_MAX if self.quant_scheme.learns_ranges
+                                  else QuantScheme.MIN_MAX)
         self.param_quant_scheme = QuantScheme.parse(param_quant_scheme)
         if rounding_mode not in (None, "nearest"):
             raise ValueError(f"rounding_mode must be None or 'nearest' (the only mode), got {rounding_mode!r}")
