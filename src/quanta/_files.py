@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "read_json"]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -33,3 +35,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON") -> Any:
+    """Parse the JSON file ``path`` (JSON only: nothing in the file runs).
+
+    A missing file is a FileNotFoundError, undecodable content a ValueError;
+    both name the file and ``what`` it should have been.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a JSON {what} file: {e}") from None

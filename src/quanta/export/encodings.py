@@ -71,7 +71,7 @@ from typing import Any, Union
 
 import torch
 
-from quanta._files import atomic_write
+from quanta._files import atomic_write, read_json
 from quanta.encodings.affine import AffineEncoding
 from quanta.encodings.float import FloatEncoding
 from quanta.grids.affine import MAX_BITWIDTH, IntegerGrid
@@ -912,13 +912,7 @@ def read_encodings(source: str | os.PathLike | Mapping[str, Any]) -> EncodingsFi
     """
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"encodings file not found: {path}")
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not a JSON encodings file: {e}") from None
+        doc = read_json(path, "encodings")
         try:
             return encodings_from_dict(doc)
         except ValueError as e:

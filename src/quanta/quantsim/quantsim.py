@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from quanta._files import atomic_write
+from quanta._files import atomic_write, read_json
 from quanta.encodings.affine import AffineEncoding
 from quanta.encodings.float import FloatEncoding
 from quanta.kernels.qparams import offset_from_range
@@ -779,14 +779,7 @@ def _is_quanta_format(source: Any) -> bool:
 
 def _read_encodings(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"encodings file not found: {path}")
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not a JSON encodings file: {e}") from None
+        doc = read_json(source, "encodings")
     elif isinstance(source, Mapping):
         doc = source
     else:
