@@ -65,14 +65,22 @@ def codes_dtype(input_dtype: torch.dtype, grid: IntegerGrid) -> torch.dtype:
 
     The input's own dtype when it represents every code of ``grid`` exactly,
     otherwise the grid's compute dtype, so no code is ever rounded away.
+    :func:`dequantize` adds ``q + o`` in float32 for float32/float16/bfloat16
+    codes, exact up to ``2**24``; so float32 codes are kept only for grids of at
+    most ``2**24`` steps (``|q + o| <= qmax - qmin`` whenever zero is on the grid),
+    and ``DQ(Q(x)) == QDQ(x)`` stays bit-exact on grids like ``[-2**24, 2**24 - 1]``.
 
     >>> codes_dtype(torch.bfloat16, IntegerGrid(-128, 127))
     torch.bfloat16
     >>> codes_dtype(torch.bfloat16, IntegerGrid(0, 4095))
     torch.float32
+    >>> codes_dtype(torch.float32, IntegerGrid(-2**24, 2**24 - 1))
+    torch.float64
     """
     limit = _EXACT_INTEGER_LIMIT.get(input_dtype, 0)
-    if max(abs(grid.qmin), abs(grid.qmax)) <= limit:
+    if max(abs(grid.qmin), abs(grid.qmax)) <= limit and (
+        input_dtype == torch.float64 or grid.num_steps <= _EXACT_INTEGER_LIMIT[torch.float32]
+    ):
         return input_dtype
     return grid.compute_dtype(input_dtype)
 

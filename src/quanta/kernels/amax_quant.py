@@ -222,6 +222,9 @@ def _check_amax(amax: object, x: torch.Tensor, cdt: torch.dtype) -> torch.Tensor
         raise TypeError(f"amax must be a tensor or a number, got {type(amax).__name__}")
     if a.is_complex() or a.dtype == torch.bool:
         raise TypeError(f"amax must be a real tensor, got dtype {a.dtype}")
+    if a.device != x.device and "meta" in (a.device.type, x.device.type):
+        # amax on another real device is moved to the input's (as NVIDIA's), but a meta tensor has no values
+        raise ValueError(f"amax is on {a.device} but inputs are on {x.device}; move them to one device")
     if a.numel() == 1:
         a = a.reshape(())
     else:
@@ -334,7 +337,9 @@ def _native_int(mode: int, x: torch.Tensor, amax: object, p: _IntPlan, out_dtype
 def _tensor_quant_raw(x, amax, num_bits, unsigned, narrow_range, want_mask=False):
     x = _check_input(x)
     p = _IntPlan(x, num_bits, unsigned, narrow_range)
-    out_dtype = codes_dtype(x.dtype, p.grid)
+    # float64 whenever the arithmetic ran in float64 (grids beyond 2**21): a float32 copy of the scale
+    # would be rounded, and codes / scale would no longer equal fake_tensor_quant
+    out_dtype = torch.float64 if p.cdt == torch.float64 else codes_dtype(x.dtype, p.grid)
     fast = _native_int(native.AMAX_Q, x, amax, p, out_dtype, want_mask)
     if fast is not None:
         y, scale, a, mask = fast
@@ -402,8 +407,9 @@ class TensorQuantFunction(torch.autograd.Function):
     ``TensorQuantFunction.apply(inputs, amax, num_bits=8, unsigned=False, narrow_range=True)``
     returns ``(outputs, scale)``: the codes stored as floats and the multiplier
     ``max_bound / amax``; ``outputs / scale`` dequantizes. Both have the input's
-    dtype when it holds every code exactly (float32 otherwise, float64 for
-    grids beyond 2**21). Backward: gradient passes where ``|x| <= amax``.
+    dtype when it holds every code exactly (float32 otherwise), and float64 for
+    grids beyond 2**21 (``num_bits >= 22``; the arithmetic runs in float64 there,
+    and a float32 scale would be rounded). Backward: gradient passes where ``|x| <= amax``.
     """
 
     @staticmethod

@@ -23,7 +23,61 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["BlockLayout", "resolve_layout", "check_block_size"]
+__all__ = ["BlockLayout", "resolve_layout", "check_block_size", "deterministic_sum", "expand_param"]
+
+
+# torch reduces fewer elements than this on one thread (at::internal::GRAIN_SIZE)
+_SERIAL_REDUCTION = 32768
+# partial sums of a large single-value reduction: a count fixed by nothing but the shape
+_PARTIALS = 64
+
+
+def deterministic_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t.sum()`` (0-dim, ``t``'s dtype) with an order that depends only on ``t.numel()``.
+
+    ``torch.sum`` to one value splits its input by the number of threads, so the
+    result's last bits change with ``torch.set_num_threads``. Here large inputs are
+    summed as 64 fixed slices (each by one thread), then the 64 partial sums.
+
+    >>> deterministic_sum(torch.ones(100_000))
+    tensor(100000.)
+    """
+    flat = t.reshape(-1)
+    n = flat.numel()
+    if n <= _SERIAL_REDUCTION:
+        return flat.sum()
+    m = n // _PARTIALS
+    partial = flat[: m * _PARTIALS].view(_PARTIALS, m).sum(dim=1)
+    if m * _PARTIALS < n:
+        partial = torch.cat([partial, flat[m * _PARTIALS:].sum().reshape(1)])
+    return partial.sum()
+
+
+class _ExpandParam(torch.autograd.Function):
+    """``t.expand(shape)`` whose backward reduces with a thread-count-independent order."""
+
+    @staticmethod
+    def forward(ctx, t, shape):  # type: ignore[override]
+        ctx.in_shape = t.shape
+        return t.expand(shape)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if math.prod(ctx.in_shape) == 1:
+            return deterministic_sum(grad).reshape(ctx.in_shape), None
+        return grad.sum_to_size(ctx.in_shape), None
+
+
+def expand_param(t: torch.Tensor, like_shape: Sequence[int]) -> torch.Tensor:
+    """A scale/offset broadcast against an input of ``like_shape``, for kernels that use autograd.
+
+    Without autograd ``t`` itself (ordinary broadcasting). With autograd, an
+    expanded view whose gradient sum does not depend on the thread count (torch's
+    broadcasting backward sums a per-tensor gradient in thread-dependent order).
+    """
+    if not (torch.is_grad_enabled() and t.requires_grad):
+        return t
+    return _ExpandParam.apply(t, torch.broadcast_shapes(t.shape, tuple(like_shape)))
 
 
 def check_block_size(block_size: object) -> tuple[int, ...] | None:
@@ -95,7 +149,15 @@ class BlockLayout:
         return t.reshape(self.scale_shape if self.is_broadcast else self.blocked_scale_shape)
 
     def reduce_to_scale(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum a blocked, input-sized tensor down to the scale's shape (for gradients)."""
+        """Sum a blocked, input-sized tensor down to the scale's shape (for gradients).
+
+        The result does not depend on the thread count: torch splits a reduction to a
+        *single* value across threads (so its rounding depends on how many there are),
+        so such a sum goes through :func:`deterministic_sum`; reductions to several
+        values are split by output entry, each summed by one thread in a fixed order.
+        """
+        if math.prod(self.scale_shape) == 1:
+            return deterministic_sum(t).reshape(self.scale_shape)
         target = self.scale_shape if self.is_broadcast else self.blocked_scale_shape
         return t.sum_to_size(target).reshape(self.scale_shape)
 

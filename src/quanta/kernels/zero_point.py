@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 
 from quanta.grids.float import FloatFormat
-from quanta.kernels.blocks import BlockLayout
+from quanta.kernels.blocks import BlockLayout, expand_param
 from quanta.kernels.float_cast import fake_cast
 from quanta.kernels.qparams import ste_round
 from quanta.kernels.torchao_blocks import block_absmax
@@ -196,10 +196,11 @@ def _clamp(t: torch.Tensor, qmin: int, qmax: int, grad: bool) -> torch.Tensor:
 
 def _quantize_int(x, layout, scale, zero_point, qmin, qmax, want_mask):
     grad = _needs_grad(x, scale, zero_point)
-    s = layout.scale_to_blocks(scale)
-    q = _round(layout.to_blocks(x) * (1.0 / s), grad)
+    xb = layout.to_blocks(x)
+    s = expand_param(layout.scale_to_blocks(scale), xb.shape)  # thread-independent gradient sums
+    q = _round(xb * (1.0 / s), grad)
     if zero_point is not None:
-        q = _add(q, layout.scale_to_blocks(zero_point), grad)
+        q = _add(q, expand_param(layout.scale_to_blocks(zero_point), xb.shape), grad)
     mask = layout.from_blocks((q >= qmin) & (q <= qmax)) if want_mask else None
     return layout.from_blocks(_clamp(q, qmin, qmax, grad)), mask
 
@@ -231,9 +232,9 @@ def dequantize(q: torch.Tensor, layout: BlockLayout, scale: torch.Tensor, zero_p
     grad = _needs_grad(q, scale, zero_point)
     d = layout.to_blocks(q).to(output_dtype, copy=True)
     if zero_point is not None:
-        z = layout.scale_to_blocks(zero_point).to(output_dtype)
+        z = expand_param(layout.scale_to_blocks(zero_point).to(output_dtype), d.shape)
         d = d - z if grad else d.sub_(z)
-    s = layout.scale_to_blocks(scale)
+    s = expand_param(layout.scale_to_blocks(scale), d.shape)
     d = d * s if grad or torch.result_type(d, s) != d.dtype else d.mul_(s)
     return layout.from_blocks(d).to(output_dtype)
 
@@ -258,9 +259,10 @@ def fake_quantize(x: torch.Tensor, layout: BlockLayout, scale: torch.Tensor, zer
 
 def _quantize_float_zp(x, layout, scale, zero_point, qmin, qmax, want_mask):
     grad = _needs_grad(x, scale, zero_point)
-    s = layout.scale_to_blocks(scale)
-    min_val = layout.scale_to_blocks(zero_point) - s * _mid(qmin, qmax)
-    q = _round((layout.to_blocks(x) - min_val) / s, grad)
+    xb = layout.to_blocks(x)
+    s = expand_param(layout.scale_to_blocks(scale), xb.shape)
+    min_val = expand_param(layout.scale_to_blocks(zero_point), xb.shape) - s * _mid(qmin, qmax)
+    q = _round((xb - min_val) / s, grad)
     mask = layout.from_blocks((q >= qmin) & (q <= qmax)) if want_mask else None
     return layout.from_blocks(_clamp(q, qmin, qmax, grad)), mask
 
@@ -291,9 +293,9 @@ def dequantize_float_zero_point(q: torch.Tensor, layout: BlockLayout, scale: tor
     tensor([-1.5000, -0.2500,  2.2500])
     """
     d = (layout.to_blocks(q) - _mid(qmin, qmax)).to(output_dtype)
-    d = (d * layout.scale_to_blocks(scale)).to(output_dtype)
+    d = (d * expand_param(layout.scale_to_blocks(scale), d.shape)).to(output_dtype)
     if zero_point is not None:
-        d = (d + layout.scale_to_blocks(zero_point)).to(output_dtype)
+        d = (d + expand_param(layout.scale_to_blocks(zero_point), d.shape)).to(output_dtype)
     return layout.from_blocks(d)
 
 

@@ -47,8 +47,12 @@ Where quanta deliberately differs from torchao 0.15 (each one a test):
   0, then NaN); a zero scale passed in gives zero codes.
 * fpx: NaN input raises ``ValueError`` (torchao returns a finite code).
 * ``choose_qparams_*`` raise ``ValueError`` on NaN/inf input (torchao returns NaN
-  or inf scales); ``quantize_affine`` raises where a code would be NaN (NaN input,
-  or zero input with zero scale; torchao writes an arbitrary integer).
+  or inf scales); ``quantize_affine`` raises where a code would be NaN (NaN input;
+  torchao writes an arbitrary integer).
+* Scales passed to ``quantize_affine``, ``dequantize_affine``, ``fake_quantize_affine*``
+  and the fpx functions must be positive and finite, zero points finite, both on the
+  input's device (``ValueError`` naming the argument; torchao computes garbage or
+  NaN). float8 accepts a zero scale (zero codes, below).
 * Where ``mx - mn`` overflows the input dtype the scale is ``mx/N - mn/N``, finite
   (torchao: ``inf``, and every code becomes ``qmin``).
 * A zero point that does not fit ``zero_point_dtype`` raises (torchao wraps it:
@@ -254,6 +258,11 @@ def _get_and_check_qmin_qmax(dtype, quant_min=None, quant_max=None):
 def _int_bounds(dtype, quant_min, quant_max, arg: str) -> tuple[int, int]:
     if dtype in _FP8_DTYPES:
         raise ValueError(f"{arg} {dtype} is a float8 dtype; use the *_float8 functions for float8")
+    if dtype not in _DTYPE_TO_QVALUE_BOUNDS:
+        raise ValueError(
+            f"unsupported quantized dtype {dtype} for {arg}; use torch.int8, uint8, int16, int32, "
+            "torch.int1..int7, torch.uint1..uint7 or a float8 dtype"
+        )
     return _get_and_check_qmin_qmax(dtype, quant_min, quant_max)
 
 
@@ -268,6 +277,30 @@ def _storage_dtype(dtype) -> torch.dtype:
 
 def _layout(x: torch.Tensor, block_size) -> BlockLayout:
     return full_block_layout(x.shape, block_size)
+
+
+def _same_device(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
+    """``t`` must be on ``x``'s device; a 0-dim CPU tensor is a scalar torch broadcasts to any real device."""
+    if t.device != x.device and not (t.dim() == 0 and t.device.type == "cpu" and x.device.type != "meta"):
+        raise ValueError(f"{name} is on {t.device} but the input is on {x.device}; move them to one device")
+
+
+def _check_scale(scale: torch.Tensor, *, allow_zero: bool = False) -> None:
+    """Scales must be positive (or zero, where documented) and finite: NaN, inf and negative are a ValueError."""
+    s = scale.detach()
+    ok = ((s >= 0) if allow_zero else (s > 0)) & (s < math.inf)  # NaN fails both comparisons
+    if not bool(ok.all()):
+        what = ">= 0" if allow_zero else "positive"
+        raise ValueError(f"scale must be {what} and finite (not NaN or inf); {int((~ok).sum())} of its "
+                         f"{s.numel()} entries are not")
+
+
+def _check_zero_point(zero_point: torch.Tensor) -> None:
+    if not zero_point.is_floating_point():  # integer zero points are always finite
+        return
+    bad = ~torch.isfinite(zero_point.detach())
+    if bool(bad.any()):
+        raise ValueError(f"zero_point must be finite (not NaN or inf); {int(bad.sum())} of its entries are not")
 
 
 def _qparam(name: str, t: object, layout: BlockLayout, optional: bool = False) -> torch.Tensor | None:
@@ -469,7 +502,14 @@ def choose_qparams_affine_with_min_max(
 
 def _prepare(x, block_size, scale, zero_point):
     layout = _layout(x, block_size)
-    return layout, _qparam("scale", scale, layout), _qparam("zero_point", zero_point, layout, optional=True)
+    s = _qparam("scale", scale, layout)
+    zp = _qparam("zero_point", zero_point, layout, optional=True)
+    _same_device("scale", s, x)
+    _check_scale(s)
+    if zp is not None:
+        _same_device("zero_point", zp, x)
+        _check_zero_point(zp)
+    return layout, s, zp
 
 
 @torch.no_grad()
@@ -711,9 +751,12 @@ def choose_qparams_affine_float8(
     return _float8_scale(tensor, block_size, float8_dtype, hp_value_lb, hp_value_ub, True if power_of_two else None)
 
 
-def _check_float8_scale(scale, shape) -> BlockLayout:
+def _check_float8_scale(scale, x: torch.Tensor) -> BlockLayout:
     _tensor("scale", scale)
-    return layout_from_scale_shape(shape, scale.shape)
+    layout = layout_from_scale_shape(x.shape, scale.shape)
+    _same_device("scale", scale, x)
+    _check_scale(scale, allow_zero=True)  # a zero scale gives zero codes (documented)
+    return layout
 
 
 @torch.no_grad()
@@ -730,7 +773,7 @@ def quantize_affine_float8(tensor: torch.Tensor, scale: torch.Tensor,
     """
     x = _float_tensor("tensor", tensor)
     fmt = _float8_format(float8_dtype)
-    layout = _check_float8_scale(scale, x.shape)
+    layout = _check_float8_scale(scale, x)
     return K.quantize_float8(x, layout, scale, fmt, float8_dtype)
 
 
@@ -745,7 +788,7 @@ def dequantize_affine_float8(tensor: torch.Tensor, scale: torch.Tensor,
     if not q.is_floating_point():
         raise TypeError(f"tensor must hold float8 values, got dtype {q.dtype}")
     _float_dtype("output_dtype", output_dtype)
-    return K.dequantize_float8(q, _check_float8_scale(scale, q.shape), scale, output_dtype)
+    return K.dequantize_float8(q, _check_float8_scale(scale, q), scale, output_dtype)
 
 
 @torch.no_grad()
@@ -816,6 +859,8 @@ def quantize_affine_fpx(tensor: torch.Tensor, scale: torch.Tensor, ebits: int, m
     """
     x = _float_tensor("tensor", tensor)
     _tensor("scale", scale)
+    _same_device("scale", scale, x)
+    _check_scale(scale)
     return FPX.quantize_rows(x, scale, FPX.fpx_format(ebits, mbits))
 
 
@@ -828,6 +873,8 @@ def dequantize_affine_fpx(tensor: torch.Tensor, scale: torch.Tensor, ebits: int,
     """
     _float_dtype("output_dtype", output_dtype)
     _tensor("scale", scale)
+    _same_device("scale", scale, _tensor("tensor", tensor))
+    _check_scale(scale)
     return FPX.dequantize_rows(tensor, scale, FPX.fpx_format(ebits, mbits), output_dtype)
 
 

@@ -380,7 +380,7 @@ class TensorQuantizer(nn.Module):
         if self._disabled:
             return inputs
         if not isinstance(inputs, torch.Tensor):
-            raise TypeError(f"TensorQuantizer expects a tensor, got {type(inputs).__name__}")
+            raise TypeError(f"inputs must be a tensor (TensorQuantizer expects a tensor), got {type(inputs).__name__}")
         outputs = inputs
         if self._if_calib:
             if self._calibrator is None:

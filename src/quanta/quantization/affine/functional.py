@@ -10,7 +10,9 @@ Each function takes the grid in one of three forms:
 ``qmin``/``qmax`` are keyword-only, so a call is never read by guessing types.
 Every function also takes ``out=`` (a tensor of the result's shape and dtype,
 possibly the input itself) to write into a reused buffer; ``out=`` does not
-support autograd.
+support autograd. ``scale`` must be positive and finite and ``offset`` finite
+(``ValueError`` otherwise; an offset that puts zero off the grid is fine), both
+on the input's device.
 Formulas (``offset = -zero_point``, ``round`` half to even, true division)::
 
     quantize(x)           = clamp(round(x / scale) - offset, qmin, qmax)
@@ -59,6 +61,13 @@ def _check_scale(scale: torch.Tensor) -> None:
         raise ValueError(f"scale must be positive and finite; {int(bad.sum())} of its entries are <= 0, inf or NaN")
 
 
+def _check_offset(offset: torch.Tensor) -> None:
+    # any finite offset is valid (zero need not be on the grid); NaN/inf would make every result NaN
+    bad = ~torch.isfinite(offset.detach())
+    if bool(bad.any()):
+        raise ValueError(f"offset must be finite; {int(bad.sum())} of its entries are inf or NaN")
+
+
 def _parse(args: tuple, kwargs: dict, fname: str) -> tuple[IntegerGrid, tuple[int, ...] | None]:
     names = ("bitwidth", "signed", "block_size")
     if len(args) > len(names):
@@ -105,6 +114,7 @@ def quantize(tensor: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, *a
     grid, block_size = _parse(args, kwargs, "quantize")
     scale, offset = _as_param("scale", scale, x), _as_param("offset", offset, x)
     _check_scale(scale)
+    _check_offset(offset)
     return kernels.quantize(x, scale, offset, grid, block_size, out=out)
 
 
@@ -127,6 +137,7 @@ def quantize_dequantize(
     grid, block_size = _parse(args, kwargs, "quantize_dequantize")
     scale, offset = _as_param("scale", scale, x), _as_param("offset", offset, x)
     _check_scale(scale)
+    _check_offset(offset)
     return kernels.quantize_dequantize(x, scale, offset, grid, block_size, out=out)
 
 
@@ -149,6 +160,9 @@ def dequantize(
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     q = tensor.as_subclass(torch.Tensor) if type(tensor) is not torch.Tensor else tensor
+    if q.dtype == torch.bool or q.is_complex():
+        raise TypeError(f"tensor must hold integer codes as a real (integer or float) tensor, got dtype {q.dtype}")
     scale, offset = _as_param("scale", scale, q), _as_param("offset", offset, q)
     _check_scale(scale)
+    _check_offset(offset)
     return kernels.dequantize(q, scale, offset, check_block_size(block_size), out=out)

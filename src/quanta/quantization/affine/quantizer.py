@@ -282,13 +282,16 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         c = self._qcache = _QParams(mn, mx, scale, offset)
         return c
 
+    def _check_device(self, x: torch.Tensor) -> None:
+        if x.device != self.min.device:
+            raise ValueError(f"input is on {x.device} but the quantizer's parameters are on {self.min.device}; "
+                             "move them to one device (quantizer.to(device))")
+
     def _plan(self, x: torch.Tensor) -> AffinePlan:
         key = (x.shape, x.dtype, x.device)
         p = self._plans.get(key)
         if p is None:
-            if x.device != self.min.device:  # checked once per new (shape, dtype, device)
-                raise ValueError(f"input is on {x.device} but the quantizer's parameters are on {self.min.device}; "
-                                 "move them to one device (quantizer.to(device))")
+            self._check_device(x)  # once per new (shape, dtype, device)
             if len(self._plans) >= 16:
                 self._plans.clear()
             p = self._plans[key] = plan(x, self.shape, self.grid, self.block_size, self._out_dtype(x.dtype))
@@ -297,6 +300,7 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
     def forward(self, input: torch.Tensor) -> QuantizedTensorBase:
         x = input if type(input) is torch.Tensor and input.is_floating_point() else self._prepare_input(input)
         if self._calibrating:
+            self._check_device(x)
             with self._batch_range(x):
                 enc = self._encoding_for(x)
                 return self._wrap_output(self._kernel(x, enc.scale, enc.offset), enc)

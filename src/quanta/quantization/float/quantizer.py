@@ -81,6 +81,9 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
         else:
             if exponent_bits is None or mantissa_bits is None:
                 raise TypeError("give dtype=..., or exponent_bits=... and mantissa_bits=...")
+            for name, flag in (("finite", finite), ("unsigned_zero", unsigned_zero)):
+                if flag is not None and not isinstance(flag, bool):
+                    raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
             self.format = FloatFormat.from_aimet(exponent_bits, mantissa_bits, bool(finite), bool(unsigned_zero))
         self._dtype_given = dtype is not None
         self.shape = _check_shape(() if shape is None else shape)
@@ -109,7 +112,12 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
     @torch.no_grad()
     def set_range(self, maxval: torch.Tensor | float) -> None:
         """Set ``maxval`` (positive, finite; broadcast to ``shape``)."""
-        m = torch.broadcast_to(torch.as_tensor(maxval, dtype=self.maxval.dtype), self.shape)
+        m = torch.as_tensor(maxval, dtype=self.maxval.dtype, device=self.maxval.device)
+        try:
+            m = torch.broadcast_to(m, self.shape)
+        except RuntimeError:
+            raise ValueError(f"set_range: maxval of shape {tuple(m.shape)} does not broadcast to shape {self.shape}"
+                             ) from None
         if not (torch.isfinite(m).all() and (m > 0).all()):
             raise ValueError("maxval must be positive and finite")
         self.maxval.copy_(m)
@@ -160,6 +168,9 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
             x = x.as_subclass(torch.Tensor)
         if not x.is_floating_point():
             raise TypeError(f"input must be a floating-point tensor, got dtype {x.dtype}")
+        if x.device != self.maxval.device:
+            raise ValueError(f"input is on {x.device} but the quantizer's maxval is on {self.maxval.device}; "
+                             "move them to one device (quantizer.to(device))")
         resolve_layout(x.shape, self.shape, self.block_size)
         if self._calibrating:
             with self._batch_maxval(x):
