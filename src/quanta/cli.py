@@ -1,8 +1,11 @@
 """The ``quanta`` command line.
 
-``quanta demo`` runs the main job (see :mod:`quanta.tools.demo`). Errors print
-one line and exit with status 2 (bad usage or input) or 1 (failure); ``--debug``
-shows the traceback.
+``quanta demo`` runs the main job (see :mod:`quanta.tools.demo`); ``quanta inspect FILE``
+describes an encodings, ONNX or safetensors file (:mod:`quanta.tools.inspect_file`);
+``quanta quantize MODEL --calib DATA --out DIR`` calibrates a saved model and writes its
+encodings, ONNX graph and fake-quantized weights (:mod:`quanta.tools.quantize_model`).
+Errors print one line and exit with status 2 (bad usage or input) or 1 (failure);
+``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +20,13 @@ __all__ = ["main"]
 
 class CLIError(Exception):
     """An error to report to the user as one line (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``quanta quantize: error: ...``) plus where to find help, exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def _positive_int(text: str) -> int:
@@ -47,11 +57,49 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from quanta.tools.inspect_file import format_report, inspect_file
+
+    report = inspect_file(args.file)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from quanta.tools.quantize_model import QuantizeConfig, format_summary, quantize_model, with_overrides
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    cfg = with_overrides(QuantizeConfig(), scheme=args.scheme, param_bw=args.param_bw, output_bw=args.output_bw,
+                         encoding_version=args.encoding_version, model_class=args.model_class,
+                         batch_size=args.batch_size, num_batches=args.num_batches,
+                         config_file=Path(args.config) if args.config else None)
+    cfg = with_overrides(cfg, onnx=not args.no_onnx, progress=not args.no_progress)
+    result = quantize_model(args.model, args.calib, args.out, cfg,
+                            log=lambda msg: print(f"quanta quantize: {msg}", file=sys.stderr))
+    print(format_summary(result))
+    return 0
+
+
+def _parsed(parse):  # a tools/ parser as an argparse type: its ValueError becomes a one-line usage error
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.__name__.removeprefix("parse_")
+    return convert
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``quanta`` (exposed for tests and docs)."""
-    parser = argparse.ArgumentParser(prog="quanta", description="Quantization for PyTorch: simulate, store, export.")
+    parser = _Parser(prog="quanta", description="Quantization for PyTorch: simulate, store, export.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     demo = sub.add_parser("demo", help="train a small CNN on the bundled digits and compare quantization schemes")
@@ -63,6 +111,41 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-plot", action="store_true", help="do not write the plot")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=_cmd_demo)
+
+    inspect = sub.add_parser("inspect", help="describe an encodings (AIMET or quanta), ONNX or safetensors file")
+    inspect.add_argument("file", metavar="FILE", help="the file; its type is told by content")
+    inspect.add_argument("--json", action="store_true", help="print a machine-readable JSON summary")
+    inspect.set_defaults(func=_cmd_inspect)
+
+    from quanta.tools import quantize_model as qm
+
+    d = qm.QuantizeConfig()
+    quantize = sub.add_parser("quantize", help="calibrate a saved model; write encodings, ONNX and quantized weights")
+    quantize.add_argument("model", metavar="MODEL",
+                          help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
+    quantize.add_argument("--calib", required=True, metavar="DATA",
+                          help="calibration inputs: a tensor in a .pt file (or a dict with 'x'/'inputs') or a .npy")
+    quantize.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    quantize.add_argument("--config", metavar="CFG", help="quantsim config file (.json/.yaml); default: built in")
+    quantize.add_argument("--scheme", type=_parsed(qm.parse_scheme),
+                          help=f"calibration scheme: {', '.join(s.value for s in qm.QuantScheme)} "
+                               f"(default {d.scheme.value})")
+    quantize.add_argument("--param-bw", type=_parsed(qm.parse_bitwidth), help=f"weight bitwidth (default {d.param_bw})")
+    quantize.add_argument("--output-bw", type=_parsed(qm.parse_bitwidth),
+                          help=f"activation bitwidth (default {d.output_bw})")
+    quantize.add_argument("--encoding-version", type=_parsed(qm.parse_encoding_version),
+                          help=f"AIMET encodings version of model.encodings: "
+                               f"{', '.join(v.value for v in qm.EncodingsVersion)} (default {d.encoding_version.value})")
+    quantize.add_argument("--model-class", type=_parsed(qm.check_model_class),
+                          metavar="MODULE:CLASS", help="the nn.Module class of a state dict, e.g. mypkg.nets:TinyNet")
+    quantize.add_argument("--batch-size", type=_positive_int,
+                          help=f"calibration batch size (default {qm.DEFAULT_BATCH_SIZE}, or a torch.export "
+                               "program's static batch size)")
+    quantize.add_argument("--num-batches", type=_positive_int, help="calibrate on the first N batches (default all)")
+    quantize.add_argument("--no-onnx", action="store_true", help="write model.encodings without model.onnx")
+    quantize.add_argument("--no-progress", action="store_true", help="no progress bar")
+    quantize.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
+    quantize.set_defaults(func=_cmd_quantize)
     return parser
 
 
@@ -79,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         status = 2 if isinstance(e, (CLIError, FileNotFoundError, ValueError, TypeError, ImportError)) else 1
-        print(f"quanta {args.command}: error: {e}", file=sys.stderr)
+        message = " ".join(str(e).split()) or type(e).__name__  # one line, whatever the exception says
+        print(f"quanta {args.command}: error: {message}", file=sys.stderr)
         return status
 
 

@@ -60,3 +60,32 @@ def test_errors_are_one_line_unless_debug(monkeypatch, capsys):
 def test_parser_requires_a_command():
     with pytest.raises(SystemExit):
         build_parser().parse_args([])
+
+
+def test_parser_knows_inspect_and_quantize():
+    args = build_parser().parse_args(["inspect", "model.onnx", "--json"])
+    assert (args.command, args.file, args.json) == ("inspect", "model.onnx", True)
+    args = build_parser().parse_args(["quantize", "m.pt2", "--calib", "x.npy", "--out", "out", "--scheme", "tf",
+                                      "--encoding-version", "2.0.0", "--param-bw", "4"])
+    assert (args.model, args.calib, args.out, args.param_bw) == ("m.pt2", "x.npy", "out", 4)
+    assert args.scheme.value == "min_max" and args.encoding_version.value == "2.0.0"  # parsed once, into enums
+    assert args.output_bw is None and args.batch_size is None  # unset: QuantizeConfig's defaults apply
+
+
+def test_quantize_help_shows_the_config_defaults(capsys):
+    from quanta.tools.quantize_model import QuantizeConfig
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["quantize", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {QuantizeConfig.param_bw})" in text
+    assert f"(default {QuantizeConfig.encoding_version.value})" in text
+
+
+def test_usage_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["quantize", "m.pt", "--calib", "x.pt", "--out", "o", "--batch-size", "0"])
+    assert exc.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("quanta quantize: error: argument --batch-size: expected a positive integer")

@@ -1,0 +1,1095 @@
+"""``quanta quantize``: calibrate a saved model with QuantizationSimModel and write what deployment needs.
+
+Reads a model and calibration data from files, builds a
+:class:`~quanta.quantsim.QuantizationSimModel`, calibrates it with
+``compute_encodings`` and writes into the output directory:
+
+* ``model.onnx`` + ``model.encodings``: :meth:`QuantizationSimModel.export` (QDQ graph and AIMET
+  encodings of the chosen version); without ONNX only ``model.encodings`` (``save_encodings(path, version)``);
+* ``quantsim.encodings.json``: quanta's lossless encodings (``save_encodings(path)``), which
+  :meth:`QuantizationSimModel.load_encodings` reads back bit for bit;
+* ``model.safetensors``: the model's state dict with every quantized parameter replaced by its
+  fake-quantized value (float, on the quantization grid), and a ``"quanta.encodings"`` metadata entry
+  (JSON) giving each such parameter's encoding: scale, offset, grid, granularity. No pickle.
+
+The model is one of:
+
+* a ``torch.export`` program (``torch.export.save``, usually ``.pt2``): loaded with ``torch.export.load``;
+  the aten calls of its ``.module()`` (``aten.linear``, ``aten.conv2d``, ``aten.relu``, ...) are turned
+  back into ``torch.nn`` modules (``_lift_exported``), because QuantizationSimModel quantizes modules;
+* a state dict (``torch.save(model.state_dict())``, ``.pt``/``.pth``), loaded with
+  ``torch.load(weights_only=True)``, with ``model_class="pkg.module:ClassName"``: imported, built
+  without arguments and loaded with ``load_state_dict(strict=True)``.
+
+A TorchScript file, or a file holding pickled Python objects, is refused with the fix in the message.
+The calibration data is a tensor in a ``.pt`` file (or a dict with an ``"x"`` or ``"inputs"`` tensor),
+or a ``.npy`` file (``numpy.load(allow_pickle=False)``), split along dim 0 into batches; the first
+batch is the dummy input. Errors in the inputs are ValueError / FileNotFoundError naming the argument
+and the fix (the CLI prints them as one line, exit status 2).
+
+>>> cfg = QuantizeConfig(progress=False)
+>>> result = quantize_model("model.pt2", "calib.npy", "out", cfg)          # doctest: +SKIP
+>>> print(format_summary(result))                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import math
+import os
+import warnings
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from quanta.export.encodings import EncodingsVersion
+from quanta.quantsim.scheme import QuantScheme
+
+__all__ = [
+    "LoadedModel",
+    "QuantizeConfig",
+    "QuantizeResult",
+    "check_model_class",
+    "format_summary",
+    "load_calibration",
+    "load_model",
+    "parse_bitwidth",
+    "parse_encoding_version",
+    "parse_model_class",
+    "parse_scheme",
+    "quantize_model",
+    "with_overrides",
+]
+
+#: File names written into the output directory.
+ONNX_FILE = "model.onnx"
+ENCODINGS_FILE = "model.encodings"
+QUANTA_ENCODINGS_FILE = "quantsim.encodings.json"
+WEIGHTS_FILE = "model.safetensors"
+#: safetensors metadata key of the weights' encodings (JSON).
+WEIGHTS_METADATA_KEY = "quanta.encodings"
+DEFAULT_BATCH_SIZE = 32
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Settings of ``quanta quantize`` (the CLI's flags default to these).
+
+    ``batch_size`` None means :data:`DEFAULT_BATCH_SIZE`, or the batch size a ``torch.export`` program
+    was exported with when its batch dimension is static. ``num_batches`` None: every batch.
+    """
+
+    scheme: QuantScheme = QuantScheme.MIN_MAX
+    param_bw: int = 8
+    output_bw: int = 8
+    encoding_version: EncodingsVersion = EncodingsVersion.V1_0_0
+    config_file: Path | None = None
+    model_class: str | None = None
+    batch_size: int | None = None
+    num_batches: int | None = None
+    onnx: bool = True
+    progress: bool = True
+
+
+def with_overrides(cfg: QuantizeConfig, **kwargs: Any) -> QuantizeConfig:
+    """``cfg`` with the given fields replaced (None values ignored)."""
+    return replace(cfg, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+# ---------------------------------------------------------------------- parsing the CLI's strings (once)
+def parse_scheme(text: str) -> QuantScheme:
+    """``--scheme``: a :class:`QuantScheme` from its name or an AIMET alias.
+
+    >>> parse_scheme("tf_enhanced")
+    <QuantScheme.SQNR: 'sqnr'>
+    """
+    try:
+        return QuantScheme.parse(text)
+    except ValueError:
+        names = ", ".join(s.value for s in QuantScheme)
+        raise ValueError(f"--scheme must be one of {names} (or an AIMET name such as post_training_tf), "
+                         f"got {text!r}") from None
+
+
+def parse_encoding_version(text: str) -> EncodingsVersion:
+    """``--encoding-version``: ``"0.6.1"``, ``"1.0.0"`` or ``"2.0.0"``.
+
+    >>> parse_encoding_version("2.0.0")
+    <EncodingsVersion.V2_0_0: '2.0.0'>
+    """
+    try:
+        return EncodingsVersion.parse(text)
+    except ValueError:
+        raise ValueError(f"--encoding-version must be one of {', '.join(v.value for v in EncodingsVersion)}, "
+                         f"got {text!r}") from None
+
+
+def parse_bitwidth(text: str) -> int:
+    """``--param-bw`` / ``--output-bw``: an integer in [1, 32].
+
+    >>> parse_bitwidth("4")
+    4
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a bitwidth (an integer in [1, 32]), got {text!r}") from None
+    if not 1 <= value <= 32:
+        raise ValueError(f"expected a bitwidth in [1, 32], got {value}")
+    return value
+
+
+def parse_model_class(text: str) -> tuple[str, str]:
+    """``--model-class``: ``"pkg.module:ClassName"`` → ``("pkg.module", "ClassName")`` (not imported yet).
+
+    >>> parse_model_class("mypkg.nets:TinyNet")
+    ('mypkg.nets', 'TinyNet')
+    """
+    module, sep, name = text.partition(":")
+    ok = sep and module and name and all(p.isidentifier() for p in module.split(".")) and \
+        all(p.isidentifier() for p in name.split("."))
+    if not ok:
+        raise ValueError(f"--model-class must look like pkg.module:ClassName, got {text!r}")
+    return module, name
+
+
+def check_model_class(text: str) -> str:
+    """``--model-class``: ``text`` itself once :func:`parse_model_class` accepts its form (imported later)."""
+    parse_model_class(text)
+    return text
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+# ---------------------------------------------------------------------- model files
+@dataclass
+class LoadedModel:
+    """A float model ready for QuantizationSimModel.
+
+    Attributes:
+        model: the module (eval mode; a torch.export program's ``.module()`` is in the mode it was exported in).
+        kind: ``"export"`` (a torch.export program) or ``"state_dict"``.
+        input_shape: the input shape a torch.export program was exported with (ints; None for a
+            dynamic dimension), or None.
+        lifted: for a torch.export program, the aten ops turned into modules (``{op: count}``).
+        left: for a torch.export program, the aten ops left as they were (``{op: count}``).
+    """
+
+    model: nn.Module
+    kind: str
+    input_shape: tuple[int | None, ...] | None = None
+    lifted: dict[str, int] = field(default_factory=dict)
+    left: dict[str, int] = field(default_factory=dict)
+
+
+def _zip_names(path: str) -> list[str] | None:
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return None
+
+
+def _archive_kind(names: list[str]) -> str:
+    """``"export"``, ``"torchscript"`` or ``"torch_save"`` from a torch zip archive's member names."""
+    tails = {n.split("/", 1)[1] if "/" in n else n for n in names}
+    if "archive_format" in tails or any(t.startswith("models/") and t.endswith(".json") for t in tails):
+        return "export"
+    if "constants.pkl" in tails or any(t.startswith("code/") for t in tails):
+        return "torchscript"
+    if "data.pkl" in tails:
+        return "torch_save"
+    return "unknown"
+
+
+_TORCHSCRIPT = ("MODEL {path} is a TorchScript module; TorchScript modules cannot be re-quantized (quanta "
+                "quantizes Python nn.Modules): save a torch.export program instead "
+                "(torch.export.save(torch.export.export(model, (x,)), 'model.pt2')), or the state dict with "
+                "--model-class")
+
+
+def load_model(path: str | os.PathLike, model_class: str | None = None) -> LoadedModel:
+    """The float model in ``path`` (see the module docstring), in eval mode.
+
+    A torch.export program comes as its ``.module()`` (aten calls); :func:`quantize_model` then rebuilds
+    modules from it with ``_lift_exported``.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"MODEL not found: {path}")
+    if os.path.isdir(path):
+        raise ValueError(f"MODEL {path} is a directory; pass a .pt2 (torch.export) or .pt (state dict) file")
+    names = _zip_names(path)
+    kind = _archive_kind(names) if names is not None else "unknown"
+    if kind == "torchscript":
+        raise ValueError(_TORCHSCRIPT.format(path=path))
+    if kind == "export":
+        if model_class is not None:
+            raise ValueError(f"--model-class is for state dicts, but MODEL {path} is a torch.export program "
+                             "(it holds its own graph): drop --model-class")
+        return _load_exported(path)
+    not_a_model = ValueError(f"MODEL {path} is not a torch.export program (.pt2) nor a state dict saved with "
+                             "torch.save (.pt/.pth)")
+    if kind != "torch_save" and (names is not None or not _maybe_legacy_torch_save(path)):
+        raise not_a_model
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (UnpicklingError and friends: refuse without running anything)
+        raise ValueError(f"MODEL {path} holds pickled Python objects{_pickled(e)}, which quanta does not unpickle "
+                         "(torch.load(weights_only=True)): save model.state_dict() and pass --model-class, or save "
+                         "a torch.export program") from None
+    state = _state_dict_of(obj, path)
+    if model_class is None:
+        raise ValueError(f"MODEL {path} is a state dict: pass --model-class pkg.module:ClassName (the nn.Module "
+                         "class to load it into, importable and buildable without arguments)")
+    model = _build_model(model_class)
+    _load_state(model, state, model_class, path)
+    return LoadedModel(model.eval(), "state_dict")
+
+
+def _maybe_legacy_torch_save(path: str) -> bool:
+    """Whether ``path`` starts like a pickle (torch.save's pre-1.6 format, ``_use_new_zipfile_serialization=False``)."""
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"
+
+
+def _pickled(e: BaseException) -> str:
+    """`` (<class>)`` when torch's weights-only error names the global it refused, else ``""``."""
+    import re
+
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+    return f" ({found.group(1)})" if found else ""
+
+
+def _state_dict_of(obj: Any, path: str) -> dict[str, torch.Tensor]:
+    if isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
+        for key in ("state_dict", "model_state_dict", "model"):  # common checkpoint layouts
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not obj or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                       for k, v in obj.items()):
+        raise ValueError(f"MODEL {path} does not hold a state dict (a dict of names to tensors), got "
+                         f"{type(obj).__name__}: save model.state_dict()")
+    return obj
+
+
+def _build_model(spec: str) -> nn.Module:
+    module_name, class_name = parse_model_class(spec)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--model-class {spec}: cannot import {module_name!r} ({_first_line(e)}); put its "
+                         "directory on PYTHONPATH") from None
+    obj: Any = module
+    for part in class_name.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"--model-class {spec}: module {module_name!r} has no attribute {class_name!r}")
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
+        raise ValueError(f"--model-class {spec}: {class_name} is not an nn.Module subclass "
+                         f"(got {type(obj).__name__})")
+    try:
+        model = obj()
+    except TypeError as e:
+        raise ValueError(f"--model-class {spec}: {class_name}() cannot be built without arguments "
+                         f"({_first_line(e)}); give its __init__ defaults or wrap it in a class that does") from None
+    return model
+
+
+def _load_state(model: nn.Module, state: dict[str, torch.Tensor], spec: str, path: str) -> None:
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own
+             if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {_shortlist(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys {_shortlist(unexpected)}")
+        if wrong:
+            parts.append(f"shape mismatch (file vs model) {_shortlist(wrong)}")
+        raise ValueError(f"MODEL {path} does not fit --model-class {spec}: {'; '.join(parts)}")
+    model.load_state_dict(state, strict=True)
+
+
+def _shortlist(names: list[str], limit: int = 5) -> str:
+    if len(names) <= limit:
+        return ", ".join(names) if names else "none"
+    return ", ".join(names[:limit]) + f", ... ({len(names)} in all)"
+
+
+def _check_export_archive(path: str) -> None:
+    """Refuse a ``.pt2`` archive holding pickles that ``torch.load(weights_only=True)`` cannot read.
+
+    ``torch.export.load`` unpickles some payloads with ``weights_only=False`` (sample inputs after a failed
+    weights-only attempt, ``use_pickle`` weights and constants, opaque objects), which can run code. Every
+    such payload is checked first with the weights-only unpickler (which allows only tensors and plain
+    containers); custom and opaque objects are refused outright.
+    """
+    import io
+
+    def refuse(member: str) -> ValueError:
+        return ValueError(f"MODEL {path}: the torch.export program holds pickled Python objects ({member}) that "
+                          "torch.export.load would unpickle; quanta loads only plain tensors: re-export without "
+                          "custom objects, or pass the state dict with --model-class")
+
+    with zipfile.ZipFile(path) as z:
+        members = {(n.split("/", 1)[1] if "/" in n else n): n for n in z.namelist() if not n.endswith("/")}
+        raw: set[str] = set()  # tensor payloads stored as bytes, not pickles
+        for tail, full in members.items():
+            if tail.startswith(("data/weights/", "data/constants/")) and tail.endswith("_config.json"):
+                try:
+                    config = json.loads(z.read(full)).get("config") or {}
+                except (ValueError, AttributeError):
+                    raise ValueError(f"MODEL {path}: {tail} is not valid JSON; not a torch.export program") from None
+                base = tail.rsplit("/", 1)[0] + "/"
+                for entry in config.values():
+                    name = str(entry.get("path_name", "")) if isinstance(entry, dict) else ""
+                    if name.startswith(("custom_obj_", "opaque_obj_")):
+                        raise refuse(base + name)
+                    if isinstance(entry, dict) and not entry.get("use_pickle"):
+                        raw.add(base + name)
+        for tail, full in members.items():
+            if tail in raw or tail.endswith(".json"):
+                continue
+            with z.open(full) as f:
+                head = f.read(2)
+            if head[:2] == b"PK" or head[:1] == b"\x80":  # a torch.save archive or a bare pickle
+                try:
+                    torch.load(io.BytesIO(z.read(full)), map_location="cpu", weights_only=True)
+                except Exception:  # noqa: BLE001
+                    raise refuse(tail) from None
+
+
+def _load_exported(path: str) -> LoadedModel:
+    _check_export_archive(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.export.load(path)
+    except Exception as e:  # noqa: BLE001  (a corrupt or foreign archive)
+        raise ValueError(f"MODEL {path} could not be read as a torch.export program: {_first_line(e)}") from None
+    user_inputs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    if len(user_inputs) != 1:
+        raise ValueError(f"MODEL {path}: the torch.export program takes {len(user_inputs)} inputs; quanta quantize "
+                         "feeds one tensor (the calibration DATA)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = program.module()
+    shape = None
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                shape = tuple(int(d) if isinstance(d, int) else None for d in val.shape)
+            break
+    return LoadedModel(gm, "export", shape)  # its eval() raises; it was exported in the mode it runs in
+
+
+# ---------------------------------------------------------------------- torch.export: aten calls -> modules
+_aten = torch.ops.aten
+
+
+def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _pair(v: Any, n: int) -> tuple[int, ...]:
+    return tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
+
+
+def _conv(dims: int) -> Callable[[fx.Node, dict[str, torch.Tensor]], Any]:
+    cls = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
+
+    def build(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
+        w = t["weight"]
+        if w.dim() != dims + 2:
+            return None
+        padding = _arg(node, 4, "padding", 0)
+        padding = padding if isinstance(padding, str) else _pair(padding, dims)
+        groups = _arg(node, 6, "groups", 1)
+        return cls(w.shape[1] * groups, w.shape[0], tuple(w.shape[2:]), stride=_pair(_arg(node, 3, "stride", 1), dims),
+                   padding=padding, dilation=_pair(_arg(node, 5, "dilation", 1), dims), groups=groups,
+                   bias="bias" in t, device="meta")
+    return build
+
+
+def _conv_transpose(dims: int) -> Callable[[fx.Node, dict[str, torch.Tensor]], Any]:
+    cls = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d}[dims]
+
+    def build(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
+        w = t["weight"]
+        if w.dim() != dims + 2:
+            return None
+        groups = _arg(node, 6, "groups", 1)
+        return cls(w.shape[0], w.shape[1] * groups, tuple(w.shape[2:]), stride=_pair(_arg(node, 3, "stride", 1), dims),
+                   padding=_pair(_arg(node, 4, "padding", 0), dims),
+                   output_padding=_pair(_arg(node, 5, "output_padding", 0), dims), groups=groups,
+                   dilation=_pair(_arg(node, 7, "dilation", 1), dims), bias="bias" in t, device="meta")
+    return build
+
+
+def _linear(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
+    w = t["weight"]
+    return nn.Linear(w.shape[1], w.shape[0], bias="bias" in t, device="meta") if w.dim() == 2 else None
+
+
+def _batch_norm(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
+    if _arg(node, 5, "training", False) or "running_mean" not in t or "weight" not in t:
+        return None
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    rank = val.dim() if isinstance(val, torch.Tensor) else None
+    cls = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d}.get(rank)  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    return cls(t["running_mean"].numel(), eps=_arg(node, 7, "eps", 1e-5), momentum=_arg(node, 6, "momentum", 0.1),
+               device="meta")
+
+
+def _layer_norm(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
+    shape = _arg(node, 1, "normalized_shape")
+    if "weight" not in t:
+        return None
+    return nn.LayerNorm(tuple(shape), eps=_arg(node, 4, "eps", 1e-5), bias="bias" in t, device="meta")
+
+
+def _group_norm(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
+    if "weight" not in t or "bias" not in t:
+        return None
+    return nn.GroupNorm(_arg(node, 1, "num_groups"), t["weight"].numel(), eps=_arg(node, 4, "eps", 1e-5),
+                        device="meta")
+
+
+def _embedding(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
+    if _arg(node, 4, "sparse", False) or _arg(node, 3, "scale_grad_by_freq", False):
+        return None
+    w = t["weight"]
+    padding_idx = _arg(node, 2, "padding_idx", -1)
+    return nn.Embedding(w.shape[0], w.shape[1], padding_idx=None if padding_idx == -1 else padding_idx,
+                        device="meta")
+
+
+# aten op -> (positions of (param name, arg index), index of the data input, builder)
+_PARAM_OPS: dict[Any, tuple[tuple[tuple[str, int], ...], int, Callable[..., nn.Module | None]]] = {
+    _aten.linear.default: ((("weight", 1), ("bias", 2)), 0, _linear),
+    _aten.conv1d.default: ((("weight", 1), ("bias", 2)), 0, _conv(1)),
+    _aten.conv2d.default: ((("weight", 1), ("bias", 2)), 0, _conv(2)),
+    _aten.conv3d.default: ((("weight", 1), ("bias", 2)), 0, _conv(3)),
+    _aten.conv1d.padding: ((("weight", 1), ("bias", 2)), 0, _conv(1)),
+    _aten.conv2d.padding: ((("weight", 1), ("bias", 2)), 0, _conv(2)),
+    _aten.conv3d.padding: ((("weight", 1), ("bias", 2)), 0, _conv(3)),
+    _aten.conv_transpose1d.default: ((("weight", 1), ("bias", 2)), 0, _conv_transpose(1)),
+    _aten.conv_transpose2d.input: ((("weight", 1), ("bias", 2)), 0, _conv_transpose(2)),
+    _aten.batch_norm.default: ((("weight", 1), ("bias", 2), ("running_mean", 3), ("running_var", 4)), 0,
+                               _batch_norm),
+    _aten.layer_norm.default: ((("weight", 2), ("bias", 3)), 0, _layer_norm),
+    _aten.group_norm.default: ((("weight", 2), ("bias", 3)), 0, _group_norm),
+    _aten.embedding.default: ((("weight", 0),), 1, _embedding),
+}
+
+
+def _activation(cls: type[nn.Module], *keys: tuple[str, Any]) -> Callable[[fx.Node], nn.Module | None]:
+    """A builder of ``cls(**{name: arg})`` from the op's positional/keyword args after the input."""
+    def build(node: fx.Node) -> nn.Module | None:
+        kwargs = {}
+        for i, (name, default) in enumerate(keys, start=1):
+            kwargs[name] = _arg(node, i, name, default)
+        return cls(**kwargs)
+    return build
+
+
+def _softmax(node: fx.Node) -> nn.Module | None:
+    if _arg(node, 2, "dtype") is not None:
+        return None
+    return nn.Softmax(dim=_arg(node, 1, "dim"))
+
+
+def _elu(node: fx.Node) -> nn.Module | None:
+    if _arg(node, 2, "scale", 1) != 1 or _arg(node, 3, "input_scale", 1) != 1:
+        return None
+    return nn.ELU(alpha=_arg(node, 1, "alpha", 1.0))
+
+
+def _hardtanh(node: fx.Node) -> nn.Module | None:
+    lo, hi = _arg(node, 1, "min_val", -1.0), _arg(node, 2, "max_val", 1.0)
+    return nn.ReLU6() if (lo, hi) == (0, 6) else nn.Hardtanh(lo, hi)
+
+
+_MODULE_OPS: dict[Any, Callable[[fx.Node], nn.Module | None]] = {
+    _aten.relu.default: _activation(nn.ReLU),
+    _aten.gelu.default: _activation(nn.GELU, ("approximate", "none")),
+    _aten.silu.default: _activation(nn.SiLU),
+    _aten.sigmoid.default: _activation(nn.Sigmoid),
+    _aten.tanh.default: _activation(nn.Tanh),
+    _aten.hardswish.default: _activation(nn.Hardswish),
+    _aten.hardsigmoid.default: _activation(nn.Hardsigmoid),
+    _aten.mish.default: _activation(nn.Mish),
+    _aten.leaky_relu.default: _activation(nn.LeakyReLU, ("negative_slope", 0.01)),
+    _aten.hardtanh.default: _hardtanh,
+    _aten.elu.default: _elu,
+    _aten.softmax.int: _softmax,
+    _aten.adaptive_avg_pool1d.default: _activation(nn.AdaptiveAvgPool1d, ("output_size", None)),
+    _aten.adaptive_avg_pool2d.default: _activation(nn.AdaptiveAvgPool2d, ("output_size", None)),
+}
+
+# aten op -> the torch function with the same positional signature, which quanta's preparer knows: arithmetic
+# becomes quanta.nn.Add/Multiply/MatMul/Concat, data movement needs no quantizer.
+_FUNCTION_OPS: dict[Any, Callable[..., Any]] = {
+    _aten.add.Tensor: torch.add, _aten.mul.Tensor: torch.mul, _aten.matmul.default: torch.matmul,
+    _aten.bmm.default: torch.bmm, _aten.cat.default: torch.cat,
+    _aten.flatten.using_ints: torch.flatten, _aten.view.default: torch.reshape,
+    _aten.reshape.default: torch.reshape, _aten.permute.default: torch.permute,
+    _aten.transpose.int: torch.transpose, _aten.unsqueeze.default: torch.unsqueeze,
+    _aten.squeeze.dim: torch.squeeze, _aten.clone.default: torch.clone,
+    _aten.max_pool1d.default: torch.max_pool1d, _aten.max_pool2d.default: torch.max_pool2d,
+    _aten.dropout.default: F.dropout,
+}
+
+
+def _op_name(target: Any) -> str:
+    name = getattr(target, "__name__", None) or str(target)
+    return str(name)
+
+
+def _lift_exported(gm: fx.GraphModule, example: torch.Tensor) -> tuple[dict[str, int], dict[str, int]]:
+    """Rewrite the aten calls of ``ExportedProgram.module()`` as calls of ``torch.nn`` modules, in place.
+
+    ``aten.linear(x, fc.weight, fc.bias)`` becomes ``fc(x)`` with ``fc`` an ``nn.Linear`` holding the same
+    parameters (so names stay those of the original model's state dict); ``aten.relu(x)`` a call of an
+    ``nn.ReLU`` placed where the original module was (from the node's ``nn_module_stack``);
+    ``aten.add``/``aten.view``/... the torch functions QuantizationSimModel's preparer knows. An op is
+    lifted only when its parameters belong to one parameter-only submodule that no other op uses;
+    anything else stays as it was. The result must compute on ``example`` exactly what the program
+    computes, else RuntimeError. Returns ``({lifted op: count}, {op left: count})``.
+    """
+    with torch.no_grad():
+        reference = gm(example)
+    lifted: dict[str, int] = {}
+    left: dict[str, int] = {}
+    created: dict[str, nn.Module] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        name = _op_name(node.target)
+        done = False
+        if node.target in _PARAM_OPS:
+            done = _lift_param_op(gm, node)
+        elif node.target in _MODULE_OPS:
+            done = _lift_module_op(gm, node, created)
+        elif node.target in _FUNCTION_OPS:
+            node.target = _FUNCTION_OPS[node.target]
+            done = True
+        bucket = lifted if done else left
+        bucket[name] = bucket.get(name, 0) + 1
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    with torch.no_grad():
+        out = gm(example)
+    ref_leaves = torch.utils._pytree.tree_leaves(reference)
+    out_leaves = torch.utils._pytree.tree_leaves(out)
+    same = len(ref_leaves) == len(out_leaves) and all(
+        torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(ref_leaves, out_leaves))
+    if not same:  # pragma: no cover - a bug in the tables above
+        raise RuntimeError("rebuilding modules from the torch.export program changed its outputs (a quanta bug, "
+                           "please report it); pass the state dict with --model-class instead")
+    return lifted, left
+
+
+def _owner(gm: fx.GraphModule, node: fx.Node, params: tuple[tuple[str, int], ...]
+           ) -> tuple[str, dict[str, torch.Tensor]] | None:
+    """The submodule path holding the op's tensors and ``{name: tensor}``; None if unfit."""
+    owner = None
+    tensors: dict[str, torch.Tensor] = {}
+    for pname, index in params:
+        a = _arg(node, index, pname)
+        if a is None:
+            continue
+        if not isinstance(a, fx.Node) or a.op != "get_attr":
+            return None
+        path, _, attr = str(a.target).rpartition(".")
+        if attr != pname or not path or (owner is not None and path != owner):
+            return None
+        owner = path
+        tensors[pname] = getattr(gm.get_submodule(path), attr)
+    if owner is None or "weight" not in tensors:
+        return None
+    module = gm.get_submodule(owner)
+    if type(module) is not nn.Module or next(module.children(), None) is not None:
+        return None  # only the plain parameter holders torch.export makes
+    for other in gm.graph.nodes:
+        if other.op == "get_attr" and str(other.target).rpartition(".")[0] == owner:
+            if any(user is not node for user in other.users):
+                return None  # a tensor shared with another op (tied weights): leave it
+    return owner, tensors
+
+
+def _lift_param_op(gm: fx.GraphModule, node: fx.Node) -> bool:
+    params, data_index, build = _PARAM_OPS[node.target]
+    found = _owner(gm, node, params)
+    if found is None:
+        return False
+    owner_path, tensors = found
+    try:
+        new = build(node, tensors)
+    except (TypeError, ValueError):
+        return False
+    if new is None:
+        return False
+    holder = gm.get_submodule(owner_path)
+    old_keys = set(holder.state_dict())
+    for key in list(new.state_dict()):
+        if key not in old_keys:
+            return False
+        value = getattr(holder, key)
+        if key in dict(new.named_parameters(recurse=False)):
+            setattr(new, key, value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False))
+        else:
+            setattr(new, key, value)
+    if set(new.state_dict()) != old_keys:
+        return False
+    if any(t.is_meta for t in new.state_dict().values()):
+        return False
+    parent_path, _, leaf = owner_path.rpartition(".")
+    setattr(gm.get_submodule(parent_path), leaf, new.train(False))
+    with gm.graph.inserting_before(node):
+        call = gm.graph.call_module(owner_path, (node.args[data_index],))
+    call.meta = copy.copy(node.meta)
+    node.replace_all_uses_with(call)
+    gm.graph.erase_node(node)
+    return True
+
+
+def _lift_module_op(gm: fx.GraphModule, node: fx.Node, created: dict[str, nn.Module]) -> bool:
+    try:
+        new = _MODULE_OPS[node.target](node)
+    except (TypeError, ValueError):
+        return False
+    if new is None or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    path = _module_path(gm, node, new, created)
+    if path is None:
+        return False
+    with gm.graph.inserting_before(node):
+        call = gm.graph.call_module(path, (node.args[0],))
+    call.meta = copy.copy(node.meta)
+    node.replace_all_uses_with(call)
+    gm.graph.erase_node(node)
+    return True
+
+
+def _module_path(gm: fx.GraphModule, node: fx.Node, new: nn.Module, created: dict[str, nn.Module]) -> str | None:
+    """Where to put ``new``: the original module's path when free (or the same module, called again), else a fresh
+    name under the nearest existing parent."""
+    stack = node.meta.get("nn_module_stack") or {}
+    qualname, type_name = list(stack.values())[-1] if stack else ("", "")
+    cls = type(new)
+    want = f"{cls.__module__}.{cls.__qualname__}"
+    type_name = type_name if isinstance(type_name, str) else f"{type_name.__module__}.{type_name.__qualname__}"
+    if qualname and type_name == want and all(p.isidentifier() or p.isdigit() for p in qualname.split(".")):
+        existing = created.get(qualname)
+        if existing is not None:
+            if repr(existing) == repr(new):
+                return qualname  # one module called twice in the original forward
+        elif _free(gm, qualname):
+            _ensure_parents(gm, qualname)
+            gm.add_submodule(qualname, new)
+            created[qualname] = new
+            return qualname
+    scope = qualname
+    while scope and not (_exists(gm, scope) and type(gm.get_submodule(scope)) is nn.Module):
+        scope = scope.rpartition(".")[0]  # the nearest container (not a rebuilt layer)
+    base = f"{scope}.{node.name}" if scope else node.name
+    name, k = base, 0
+    while not _free(gm, name):
+        k += 1
+        name = f"{base}_{k}"
+    gm.add_submodule(name, new)
+    created[name] = new
+    return name
+
+
+def _exists(gm: nn.Module, path: str) -> bool:
+    try:
+        gm.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
+
+
+def _free(gm: nn.Module, path: str) -> bool:
+    """Whether a module can be added at ``path``: the name is unused and every existing parent is a container
+    (the root, or a plain ``nn.Module`` as torch.export makes them), not a rebuilt layer."""
+    obj: Any = gm
+    parts = path.split(".")
+    for part in parts[:-1]:
+        if not hasattr(obj, part):
+            return True  # _ensure_parents creates the rest
+        obj = getattr(obj, part)
+        if type(obj) is not nn.Module:
+            return False
+    return not hasattr(obj, parts[-1])
+
+
+def _ensure_parents(gm: nn.Module, path: str) -> None:
+    obj = gm
+    for part in path.split(".")[:-1]:
+        if not hasattr(obj, part):
+            obj.add_module(part, nn.Module())
+        obj = getattr(obj, part)
+
+
+# ---------------------------------------------------------------------- calibration data
+def load_calibration(path: str | os.PathLike) -> torch.Tensor:
+    """The calibration tensor in ``path``: ``.npy`` (no pickle) or ``.pt`` (a tensor, or a dict with ``"x"`` /
+    ``"inputs"``, loaded with ``torch.load(weights_only=True)``); the format is told by content."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--calib file not found: {path}")
+    if os.path.isdir(path):
+        raise ValueError(f"--calib {path} is a directory; pass a .pt or .npy file")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic == b"\x93NUMPY":
+        import numpy as np
+
+        try:
+            array = np.load(path, allow_pickle=False)
+        except ValueError as e:
+            raise ValueError(f"--calib {path}: {_first_line(e)} (object arrays need pickle, which quanta does not "
+                             "load; save a numeric array)") from None
+        if array.dtype.kind not in "fiub":
+            raise ValueError(f"--calib {path}: a {array.dtype} array; expected numbers")
+        data = torch.from_numpy(np.ascontiguousarray(array))
+    elif zipfile.is_zipfile(path):
+        names = _zip_names(path) or []
+        if _archive_kind(names) != "torch_save":
+            raise ValueError(f"--calib {path} is a torch archive but not a torch.save file of a tensor")
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"--calib {path} holds pickled Python objects{_pickled(e)}, which quanta does not "
+                             "unpickle (torch.load(weights_only=True)); save a tensor") from None
+        data = _tensor_of(obj, path)
+    else:
+        raise ValueError(f"--calib {path}: not a .pt (torch.save) or .npy file")
+    if data.dim() == 0 or data.shape[0] == 0:
+        raise ValueError(f"--calib {path}: need samples along dim 0, got a tensor of shape {tuple(data.shape)}")
+    return data
+
+
+def _tensor_of(obj: Any, path: str) -> torch.Tensor:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        for key in ("x", "inputs"):
+            if isinstance(obj.get(key), torch.Tensor):
+                return obj[key]
+        raise ValueError(f"--calib {path}: a dict without an 'x' or 'inputs' tensor (keys: "
+                         f"{_shortlist([str(k) for k in obj])})")
+    raise ValueError(f"--calib {path}: expected a tensor or a dict with an 'x'/'inputs' tensor, got "
+                     f"{type(obj).__name__}")
+
+
+def _batches(data: torch.Tensor, size: int, limit: int | None) -> list[torch.Tensor]:
+    batches = list(torch.split(data, size, dim=0))
+    return batches[:limit] if limit is not None else batches
+
+
+# ---------------------------------------------------------------------- the job
+@dataclass
+class QuantizeResult:
+    """What :func:`quantize_model` did (printed by :func:`format_summary`)."""
+
+    out_dir: Path
+    model_kind: str
+    quantized_layers: list[tuple[str, str]]  # (name, type)
+    unquantized_modules: list[str]
+    float_ops: list[str]
+    param_quantizers: int
+    activation_quantizers: int
+    num_batches: int
+    batch_shape: tuple[int, ...]
+    sqnr_db: float
+    files: dict[str, int]  # file name -> bytes
+    notes: list[str] = field(default_factory=list)
+    lifted: dict[str, int] = field(default_factory=dict)
+    left: dict[str, int] = field(default_factory=dict)
+
+
+def _sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    ref, out = ref.double(), out.double()
+    noise = (out - ref).pow(2).sum()
+    if float(noise) == 0:
+        return math.inf
+    return float(10 * torch.log10(ref.pow(2).sum() / noise))
+
+
+def _outputs(out: Any) -> torch.Tensor:
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the model returns no floating-point tensor to compare")
+    return torch.cat([t.detach().as_subclass(torch.Tensor).reshape(-1) for t in leaves])
+
+
+def _run(model: nn.Module, x: torch.Tensor, what: str) -> Any:
+    try:
+        with torch.no_grad():
+            return model(x)
+    except Exception as e:  # noqa: BLE001  (shape/dtype mismatch between DATA and MODEL)
+        raise ValueError(f"the model rejects {what} of shape {tuple(x.shape)} and dtype "
+                         f"{str(x.dtype).removeprefix('torch.')} from --calib: {_first_line(e)}") from None
+
+
+def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike, out_dir: str | os.PathLike,
+                   cfg: QuantizeConfig = QuantizeConfig(), *, log: Callable[[str], None] = print) -> QuantizeResult:
+    """Load, calibrate, write (see the module docstring); ``log`` gets notes and warnings, one line each, once
+    everything is written (a failed run raises and logs nothing)."""
+    from quanta.quantsim import QuantizationSimModel, QuantSimConfig
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    config = None
+    if cfg.config_file is not None:
+        if not os.path.isfile(cfg.config_file):
+            raise FileNotFoundError(f"--config file not found: {cfg.config_file}")
+        try:
+            config = QuantSimConfig.load(cfg.config_file)
+        except ValueError as e:  # names the file and the key
+            raise ValueError(f"--config {_first_line(e)}") from None
+    data = load_calibration(calib_path)
+    notes: list[str] = []
+    warned: list[warnings.WarningMessage] = []  # logged at the end: a failed run prints only its error
+    loaded = load_model(model_path, cfg.model_class)
+    dtype = next((p.dtype for p in loaded.model.parameters() if p.is_floating_point()), torch.float32)
+    if data.is_floating_point() and data.dtype != dtype:
+        notes.append(f"calibration data cast from {str(data.dtype).removeprefix('torch.')} to "
+                     f"{str(dtype).removeprefix('torch.')}")
+        data = data.to(dtype)
+
+    batch_size = cfg.batch_size
+    if loaded.input_shape is not None:
+        static = loaded.input_shape
+        if len(static) != data.dim() or any(s is not None and s != d for s, d in zip(static[1:], data.shape[1:])):
+            shown = tuple("?" if s is None else s for s in static)
+            raise ValueError(f"--calib samples have shape {tuple(data.shape[1:])} but the torch.export program takes "
+                             f"input of shape {shown}: the data does not fit the model")
+        if static[0] is not None:
+            if batch_size is not None and batch_size != static[0]:
+                raise ValueError(f"the torch.export program was exported with a static batch size of {static[0]}: "
+                                 f"pass --batch-size {static[0]} (or re-export with a dynamic batch dimension, "
+                                 "torch.export.Dim)")
+            batch_size = static[0]
+            if data.shape[0] < batch_size:
+                raise ValueError(f"--calib has {data.shape[0]} samples, fewer than the torch.export program's static "
+                                 f"batch size {batch_size}")
+    batch_size = batch_size or DEFAULT_BATCH_SIZE
+    batches = _batches(data, batch_size, cfg.num_batches)
+    if loaded.input_shape is not None and loaded.input_shape[0] is not None and batches[-1].shape[0] != batch_size:
+        notes.append(f"last batch of {batches[-1].shape[0]} samples dropped (the program's batch size is static)")
+        batches = batches[:-1]
+    dummy = batches[0]
+
+    model = loaded.model
+    if loaded.kind == "export":
+        _run(model, dummy, "calibration batches")
+        loaded.lifted, loaded.left = _lift_exported(model, dummy)
+    reference = _outputs(_run(model, dummy, "calibration batches"))
+    if len(batches) > 1 and batches[-1].shape != dummy.shape:
+        _run(model, batches[-1], "the last (smaller) calibration batch")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            sim = QuantizationSimModel(model, dummy, quant_scheme=cfg.scheme, default_param_bw=cfg.param_bw,
+                                       default_output_bw=cfg.output_bw, config_file=config)
+        except ValueError as e:
+            where = f"--config {cfg.config_file} does not fit the model" if config is not None else \
+                "QuantizationSimModel"
+            raise ValueError(f"{where}: {_first_line(e)}") from None
+    warned.extend(caught)
+    quantized = [(name, type(m).__name__) for name, m in sim.quantized_modules()
+                 if any(q is not None for q in [*m.input_quantizers, *m.output_quantizers,
+                                                 *m.param_quantizers.values()])]
+    if not quantized:
+        hint = ""
+        if loaded.kind == "export" and loaded.left:
+            hint = (f"; its ops {_shortlist(sorted(loaded.left))} have no quantized counterpart quanta can rebuild "
+                    "from a torch.export program: pass the state dict with --model-class instead")
+        raise ValueError(f"QuantizationSimModel found nothing to quantize in MODEL {model_path}{hint}")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sim.compute_encodings(batches, progress=cfg.progress)
+    warned.extend(caught)
+    with torch.no_grad():
+        sim.model.eval()
+        sqnr = _sqnr_db(reference, _outputs(sim.model(dummy)))
+
+    version = cfg.encoding_version.value
+    _check_version(sim, cfg.encoding_version)  # before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cfg.onnx:
+            try:
+                sim.export(out, "model", dummy, encoding_version=version)
+            except ImportError as e:
+                raise ImportError(f"{_first_line(e)}; or pass --no-onnx to write only the encodings") from None
+            written += [ONNX_FILE, ENCODINGS_FILE]
+        else:
+            sim.save_encodings(out / ENCODINGS_FILE, version=version)
+            written.append(ENCODINGS_FILE)
+    warned.extend(caught)
+    sim.save_encodings(out / QUANTA_ENCODINGS_FILE)
+    written.append(QUANTA_ENCODINGS_FILE)
+    save_fake_quantized_weights(sim, out / WEIGHTS_FILE)
+    written.append(WEIGHTS_FILE)
+
+    named = dict(sim.named_quantizers())
+    n_param = sum(1 for n in named if ".param_quantizers." in n)
+    for note in notes:
+        log(f"note: {note}")
+    _log_warnings(warned, log)
+    return QuantizeResult(out, loaded.kind, quantized, list(sim.unquantized_modules), list(sim.float_ops), n_param,
+                          len(named) - n_param, len(batches), tuple(dummy.shape), sqnr,
+                          {f: (out / f).stat().st_size for f in written}, notes, loaded.lifted, loaded.left)
+
+
+def _check_version(sim: Any, version: EncodingsVersion) -> None:
+    from quanta.export.encodings import encodings_to_dict
+    from quanta.export.sim_encodings import sim_encodings
+
+    try:
+        encodings_to_dict(*sim_encodings(sim), version)
+    except ValueError as e:
+        raise ValueError(f"--encoding-version {version.value} cannot hold these encodings: {_first_line(e)}") from None
+
+
+def _log_warnings(caught: list[warnings.WarningMessage], log: Callable[[str], None]) -> None:
+    seen = set()
+    for w in caught:
+        if issubclass(w.category, (DeprecationWarning, FutureWarning)):
+            continue
+        text = " ".join(str(w.message).split())
+        if text not in seen:
+            seen.add(text)
+            log(f"warning: {text}")
+
+
+# ---------------------------------------------------------------------- fake-quantized weights
+def weight_encodings(sim: Any) -> dict[str, dict[str, Any]]:
+    """``{parameter name in the state dict: its encoding}`` for every quantized parameter of ``sim``.
+
+    Each entry is the encoding's :meth:`~quanta.encodings.affine.AffineEncoding.to_dict` (``scale``,
+    ``offset``, ``shape``, ``qmin``, ``qmax``, ``block_size``; float encodings: the format's bits) plus
+    ``type`` (``"affine"``/``"float"``), ``quantizer``, ``bitwidth``, ``symmetric``, ``granularity``
+    (``per_tensor``/``per_channel``/``per_block``) and ``axis`` (the channel axis, or None).
+    """
+    from quanta.encodings.float import FloatEncoding
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, module in sim.quantized_modules():
+        prefix = f"{name}." if name else ""
+        for pname, q in module.param_quantizers.items():
+            if q is None or not q.is_initialized():
+                continue
+            enc = q.get_encodings()
+            scale_shape = tuple(enc.scale.shape)
+            channel_axes = [d for d, s in enumerate(scale_shape) if s > 1]
+            entry: dict[str, Any] = {
+                "quantizer": f"{prefix}param_quantizers.{pname}",
+                "type": "float" if isinstance(enc, FloatEncoding) else "affine",
+                "granularity": enc.granularity,
+                "axis": None if enc.granularity == "per_tensor" else _channel_axis(enc.block_size, channel_axes),
+            }
+            if isinstance(enc, FloatEncoding):
+                entry.update(bitwidth=enc.format.bits, format=enc.format.name(), symmetric=True)
+            else:
+                entry.update(bitwidth=enc.grid.bitwidth, symmetric=bool(getattr(q, "symmetric", False)))
+            entry.update(enc.to_dict())
+            out[f"{prefix}{pname}"] = entry
+    return out
+
+
+def _channel_axis(block_size: tuple[int, ...] | None, varying: list[int]) -> int | None:
+    if block_size is not None:
+        unblocked = [d for d in varying if block_size[d] in (1, -1)]
+        return unblocked[0] if unblocked else None
+    return varying[0] if varying else None
+
+
+def save_fake_quantized_weights(sim: Any, path: str | os.PathLike) -> None:
+    """Write ``sim.model``'s float state dict, quantized parameters fake-quantized, to a safetensors file.
+
+    Quantizer state is left out, so the keys are those of the float model. The ``"quanta.encodings"``
+    metadata entry holds :func:`weight_encodings` as JSON. The file is written atomically by
+    :func:`quanta.dtypes.serialization.save_quantized` and loads with ``safetensors.torch.load_file``.
+    """
+    from quanta.dtypes.serialization import save_quantized
+
+    quantizer_prefixes = tuple(f"{n}." for n, _ in sim.named_quantizers())
+    fake: dict[str, torch.Tensor] = {}
+    for name, module in sim.quantized_modules():
+        prefix = f"{name}." if name else ""
+        for pname, q in module.param_quantizers.items():
+            if q is not None and q.is_initialized():
+                with torch.no_grad():
+                    fake[f"{prefix}{pname}"] = q(getattr(module, pname)).as_subclass(torch.Tensor).detach().clone()
+    state: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, t in sim.model.state_dict(keep_vars=False).items():
+        if key.startswith(quantizer_prefixes):
+            continue
+        t = fake.get(key, t)
+        t = t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
+        if t.untyped_storage().data_ptr() in seen:  # safetensors refuses shared storage (tied weights)
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        state[key] = t.detach().contiguous()
+    meta = {WEIGHTS_METADATA_KEY: json.dumps(weight_encodings(sim)), "producer": "quanta quantize"}
+    save_quantized(state, path, metadata=meta)
+
+
+# ---------------------------------------------------------------------- report
+def format_summary(result: QuantizeResult) -> str:
+    """Human-readable summary of a :class:`QuantizeResult`."""
+    kinds: dict[str, int] = {}
+    for _, t in result.quantized_layers:
+        kinds[t] = kinds.get(t, 0) + 1
+    lines = [f"quantized {len(result.quantized_layers)} layers: "
+             + ", ".join(f"{n} {k.removeprefix('Quantized')}" for k, n in kinds.items()),
+             f"quantizers: {result.param_quantizers} parameter, {result.activation_quantizers} activation"]
+    if result.unquantized_modules or result.float_ops:
+        lines.append(f"kept in float: modules {_shortlist(result.unquantized_modules)}; "
+                     f"ops {_shortlist(result.float_ops)}")
+    if result.model_kind == "export":
+        lines.append(f"torch.export program: rebuilt {sum(result.lifted.values())} aten calls as modules/functions"
+                     + (f"; left as aten: {_shortlist(sorted(result.left))}" if result.left else ""))
+    lines.append(f"calibrated on {result.num_batches} batches of shape {result.batch_shape}")
+    sq = "inf (identical)" if math.isinf(result.sqnr_db) else f"{result.sqnr_db:.1f} dB"
+    lines.append(f"output SQNR (sim vs float, first batch): {sq}")
+    lines.append(f"files written to {result.out_dir}:")
+    for name, size in result.files.items():
+        lines.append(f"  {name:<26} {size:>12,} bytes")
+    return "\n".join(lines)
