@@ -2,15 +2,15 @@
 
 Prints, for the small CNN and the transformer block of tests/quantsim:
 * forward time of ``sim.model`` (W8A8, calibrated, eval, no_grad) / the float model
-  (target ≤ 2×; AIMET 2.42 measured here: 4.7× CNN, 8.6× transformer);
+  (target ≤ 2×; AIMET 2.42 measured here by the issue's author: 4.7× CNN, 8.6× transformer);
 * the same for a training step's forward+backward;
-* peak memory of forward+backward (bytes held by autograd + outputs, measured with
-  saved-tensor hooks... see below) vs the float model (target ≤ 1.5×).
+* memory of forward+backward vs the float model (target ≤ 1.5×): the bytes of every
+  tensor autograd saves for backward (counted once per storage) plus the output --
+  what grows with batch size in training and what fake quantization adds to.
 
-Peak memory is measured as the high-water mark of live tensor storage during
-forward+backward, tracked through torch's CPU allocator statistics when available
-and otherwise through ``tracemalloc``-style accounting of autograd's saved tensors
-(the part QAT adds). Run: ``python bench/bench_quantsim.py [--threads 2]``.
+Times are medians of interleaved (sim, float) pairs (``bench/harness.py``): the
+ratio is meaningful on a shared machine, the milliseconds less so.
+Run: ``python bench/bench_quantsim.py [--threads 2]``.
 """
 
 from __future__ import annotations
@@ -20,30 +20,16 @@ import copy
 import gc
 import os
 import sys
-import time
 import warnings
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "quantsim"))
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import ratio  # noqa: E402
 from quantsim_models import SmallCNN, TransformerBlock  # noqa: E402
 
 from quanta.quantsim import QuantizationSimModel  # noqa: E402
-
-
-def _time(fn, min_time: float = 0.5, reps: int = 5) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            dt = time.perf_counter() - t0
-            if dt > min_time / reps:
-                break
-        best = min(best, dt / n)
-    return best
 
 
 def _saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
@@ -76,17 +62,15 @@ def bench(name: str, model: torch.nn.Module, x: torch.Tensor) -> None:
     sim.compute_encodings([x], progress=False)
     qm = sim.model.eval()
     with torch.no_grad():
-        tf = _time(lambda: model(x))
-        tq = _time(lambda: qm(x))
+        r_fwd, tq, tf = ratio(lambda: qm(x), lambda: model(x), pairs=41)
     model.train()
     qm.train()
-    tbf = _time(lambda: model(x).sum().backward())
-    tbq = _time(lambda: qm(x).sum().backward())
+    r_bwd, tbq, tbf = ratio(lambda: qm(x).sum().backward(), lambda: model(x).sum().backward(), pairs=21)
     gc.collect()
     mf = _saved_bytes(model, x)
     mq = _saved_bytes(qm, x)
-    print(f"{name:<18} forward {tf * 1e3:7.2f} ms float {tq * 1e3:7.2f} ms sim  ratio {tq / tf:5.2f}  (target <= 2)")
-    print(f"{'':<18} fwd+bwd {tbf * 1e3:7.2f} ms float {tbq * 1e3:7.2f} ms sim  ratio {tbq / tbf:5.2f}")
+    print(f"{name:<18} forward {tf * 1e3:7.2f} ms float {tq * 1e3:7.2f} ms sim  ratio {r_fwd:5.2f}  (target <= 2)")
+    print(f"{'':<18} fwd+bwd {tbf * 1e3:7.2f} ms float {tbq * 1e3:7.2f} ms sim  ratio {r_bwd:5.2f}")
     print(f"{'':<18} fwd+bwd saved memory {mf / 2**20:7.2f} MiB float {mq / 2**20:7.2f} MiB sim  "
           f"ratio {mq / mf:5.2f}  (target <= 1.5)")
 

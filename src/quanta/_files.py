@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
 
     The rename is atomic on POSIX and Windows, so readers see either the old
     file or the whole new one; if ``write`` raises, the temporary file is
-    removed and ``path`` is untouched.
+    removed and ``path`` is untouched. The new file is flushed to disk
+    before the rename (so a crash cannot leave an empty file under the
+    name), and gets the permissions ``open(path, "w")`` would give it: an
+    existing file's, else ``0o666`` less the umask.
 
     >>> import pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
@@ -26,15 +30,56 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".quanta-", suffix=".tmp", dir=directory)
-    os.close(fd)
+    tmp = _create_temp(directory)
     try:
+        try:
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))  # an overwrite keeps the permissions
+        except FileNotFoundError:
+            pass
         write(tmp)
+        fd = os.open(tmp, os.O_RDWR)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_directory(directory)
+
+
+def _create_temp(directory: str) -> str:
+    """A new empty file ``.quanta-<random>.tmp`` in ``directory``, created with mode 0o666 less the umask.
+
+    (``tempfile.mkstemp`` would create it 0o600, and the rename would pass that on to ``path``.)
+    """
+    for _ in range(100):
+        tmp = os.path.join(directory, f".quanta-{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:  # pragma: no cover - 64 random bits
+            continue
+        os.close(fd)
+        return tmp
+    raise FileExistsError(f"could not create a temporary file in {directory}")  # pragma: no cover
+
+
+def _fsync_directory(directory: str) -> None:
+    """Flush the rename itself to disk (POSIX; a no-op where directories cannot be opened)."""
+    if not hasattr(os, "O_DIRECTORY"):  # pragma: no cover - Windows
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # pragma: no cover
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON") -> Any:
@@ -51,3 +96,5 @@ def read_json(path: str | os.PathLike, what: str = "JSON") -> Any:
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not a JSON {what} file: {e}") from None
+    except RecursionError:  # json recurses once per nesting level: "[[[[..." 100k deep
+        raise ValueError(f"{path} is not a JSON {what} file: nested too deeply") from None

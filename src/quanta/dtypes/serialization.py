@@ -53,7 +53,7 @@ from quanta.dtypes.tensor_impl import (
     PlainAQTTensorImpl,
     UintxAQTTensorImpl,
 )
-from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
+from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain, _get_and_check_qmin_qmax
 
 __all__ = ["save_quantized", "load_quantized", "FORMAT_VERSION"]
 
@@ -243,16 +243,49 @@ def _aqt_from(key: str, d: Any, tensors: dict[str, torch.Tensor], used: set[str]
         impl.validate(storage_shape, storage_block)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+    _check_qparam_values(inner, isinstance(impl, Float8AQTTensorImpl), where)
     qmin = _field(d, "quant_min", (int, type(None)), where)
     qmax = _field(d, "quant_max", (int, type(None)), where)
     domain = _field(d, "zero_point_domain", str, where)
     if domain not in ZeroPointDomain.__members__:
         raise ValueError(f"{where}: unknown zero_point_domain {domain!r}")
     dtype = _dtype(d.get("dtype"), where)
+    code_dtype = _code_dtype(impl)
+    if code_dtype is not None:  # dequantize checks the code range against the codes' dtype: check it here
+        try:
+            _get_and_check_qmin_qmax(code_dtype, qmin, qmax)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: quant_min/quant_max: {e}") from None
     try:
         return AffineQuantizedTensor(impl, block, torch.Size(shape), qmin, qmax, ZeroPointDomain[domain], dtype=dtype)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def _check_qparam_values(inner: Mapping[str, torch.Tensor], zero_scale_ok: bool, where: str) -> None:
+    """What ``dequantize()`` requires of the stored values, checked at load: scales positive (float8: or zero)
+    and finite, floating-point zero points finite."""
+    scale = inner.get("scale")
+    if scale is not None and scale.is_floating_point():
+        ok = ((scale >= 0) if zero_scale_ok else (scale > 0)) & (scale < float("inf"))  # NaN fails both
+        if not bool(ok.all()):
+            raise ValueError(f"{where}: scale must be {'>= 0' if zero_scale_ok else 'positive'} and finite; "
+                             f"{int((~ok).sum())} of its {scale.numel()} entries are not")
+    for name in ("zero_point", "zero"):
+        zero = inner.get(name)
+        if zero is not None and zero.is_floating_point() and not bool(torch.isfinite(zero).all()):
+            raise ValueError(f"{where}: {name} must be finite (not NaN or inf)")
+
+
+def _code_dtype(impl: AQTTensorImpl) -> torch.dtype | None:
+    """The dtype of ``impl.storage_plain()``'s integer codes, without unpacking them (None for float formats)."""
+    if isinstance(impl, PlainAQTTensorImpl):
+        return impl.int_data.dtype
+    if isinstance(impl, UintxAQTTensorImpl):
+        return torch.int8 if impl.get_layout().signed else torch.uint8
+    if isinstance(impl, Int4CPUAQTTensorImpl):
+        return torch.int32
+    return None
 
 
 def load_quantized(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

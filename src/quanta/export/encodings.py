@@ -686,7 +686,7 @@ def _mapping(name: str, value: Any) -> Mapping[str, Any]:
 
 
 def _dtype(name: str, key: str, value: Any, names: dict[str, EncodingDtype]) -> EncodingDtype:
-    if value not in names:
+    if not isinstance(value, str) or value not in names:  # (a list or dict is unhashable: check the type first)
         raise _error(name, key, f"must be one of {', '.join(repr(k) for k in names)}, got {value!r}")
     return names[value]
 
@@ -730,7 +730,7 @@ def _parse_1_0_0(entry: Any, where: str) -> FileEncoding:
     kind = entry["enc_type"]
     if kind == "LPBQ":
         raise _error(name, "enc_type", "LPBQ encodings are not supported by quanta")
-    if kind not in {g.value for g in Granularity}:
+    if not isinstance(kind, str) or kind not in {g.value for g in Granularity}:
         raise _error(name, "enc_type", f"must be one of {', '.join(g.value for g in Granularity)}, got {kind!r}")
     kind = Granularity(kind)
     if dtype is EncodingDtype.FLOAT:
@@ -778,9 +778,9 @@ def _parse_2_0_0(entry: Any, where: str) -> FileEncoding:
     entry = _mapping(where, entry)
     name = _entry_name(entry, where)
     out = entry.get("output_dtype")
-    if out in _INT_DTYPES:
+    if isinstance(out, str) and out in _INT_DTYPES:  # (a list or dict is unhashable: check the type first)
         dtype = EncodingDtype.INT
-    elif out in _FLOAT_DTYPES:
+    elif isinstance(out, str) and out in _FLOAT_DTYPES:
         dtype = EncodingDtype.FLOAT
     elif "output_dtype" not in entry:
         raise _error(name, "output_dtype", "missing")

@@ -590,11 +590,23 @@ class QuantizationSimModel:
         Nothing is changed unless the whole file is valid. Raises ValueError
         naming the entry for malformed content; loading never executes code.
         """
-        if not _is_quanta_format(encodings):
+        where = ""
+        if isinstance(encodings, (str, os.PathLike)):  # parse once (json only), then tell the formats apart
+            where = f"{os.fspath(encodings)}: "
+            encodings = read_json(encodings, "encodings")
+            if not isinstance(encodings, Mapping):
+                raise ValueError(f"{where}encodings: expected a JSON object, got {type(encodings).__name__}")
+            quanta_format = encodings.get("format") == ENCODINGS_FORMAT or "version" not in encodings
+        else:
+            quanta_format = _is_quanta_format(encodings)
+        if not quanta_format:
             from quanta.export.sim_encodings import apply_encodings
 
-            apply_encodings(self, encodings, strict=strict, partial=partial, requires_grad=requires_grad,
-                            allow_overwrite=allow_overwrite)
+            try:
+                apply_encodings(self, encodings, strict=strict, partial=partial, requires_grad=requires_grad,
+                                allow_overwrite=allow_overwrite)
+            except ValueError as e:
+                raise ValueError(f"{where}{e}") from None
             return
         doc = _read_encodings(encodings)
         entries = doc["quantizers"]
@@ -790,6 +802,9 @@ def _read_encodings(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, 
         raise ValueError(f"encodings: unsupported version {doc.get('version')!r} (this quanta reads {ENCODINGS_VERSION})")
     if not isinstance(doc.get("quantizers"), Mapping):
         raise ValueError("encodings['quantizers'] must be a mapping of quantizer names to encodings")
+    bad = [k for k in doc["quantizers"] if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"encodings['quantizers']: quantizer names must be strings, got {bad[0]!r}")
     return dict(doc)
 
 
@@ -833,7 +848,7 @@ def _parse_entry(name: str, entry: Any) -> AffineEncoding | FloatEncoding:
         scale = enc.scale
         if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
             raise ValueError("scales must be finite and positive")
-    except (TypeError, ValueError, KeyError) as e:
+    except (TypeError, ValueError, KeyError, OverflowError) as e:  # OverflowError: int(inf) in a shape
         raise ValueError(f"encodings[{name!r}]: {e}") from None
     return enc
 
