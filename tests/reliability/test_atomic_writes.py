@@ -15,7 +15,7 @@ overwrite reset the file's mode: fixed in ``quanta/_files.py`` (the temporary fi
 created 0o666 less the umask, or takes the existing file's mode; it is also fsync'ed
 before the rename). A2, ``sim.export`` writes ``<prefix>.onnx`` (replacing the old one)
 before ``<prefix>.encodings``, so a failure in the second write leaves a new graph beside
-the old encodings: open (outside this task's files), an xfail below.
+the old encodings: fixed (both files are renamed into place together), tested below.
 """
 
 from __future__ import annotations
@@ -234,8 +234,6 @@ def test_export_failure_keeps_previous_files(tmp_path, monkeypatch, sims, how):
     _no_temporaries(tmp_path, files)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING A2: sim.export replaces model.onnx before it writes model.encodings; "
-                                       "a failure in the second write leaves a new .onnx beside the old encodings")
 def test_export_failure_in_the_encodings_keeps_the_previous_pair(tmp_path, monkeypatch, sims):
     pytest.importorskip("onnx")
     (old, x), (new, _) = sims

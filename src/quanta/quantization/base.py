@@ -6,6 +6,8 @@ import abc
 import contextlib
 from typing import Iterator
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -74,6 +76,27 @@ class QuantizerBase(nn.Module, abc.ABC):
     def _set_initialized(self, value: bool) -> None:
         self._initialized.fill_(value)
 
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raise ValueError/TypeError if ``state`` (this module's state-dict entries by local name; missing
+        ones keep their current values) is not a valid state. Called before every ``load_state_dict``."""
+        own = dict(self.named_parameters(recurse=False)) | dict(self.named_buffers(recurse=False))
+        for name, value in state.items():
+            if name not in own or own[name] is None:
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{name}: expected a tensor, got {type(value).__name__}")
+            if tuple(value.shape) != tuple(own[name].shape):
+                raise ValueError(f"{name}: expected shape {tuple(own[name].shape)}, got {tuple(value.shape)}")
+            if value.dtype.is_floating_point != own[name].dtype.is_floating_point or (
+                    value.dtype == torch.bool) != (own[name].dtype == torch.bool):
+                raise ValueError(f"{name}: expected a {own[name].dtype} tensor, got {value.dtype}")
+        merged = {name: state.get(name, t) for name, t in own.items() if t is not None}
+        if bool(merged.get("_initialized", False)):
+            self._check_values(merged)
+
+    def _check_values(self, state: dict[str, torch.Tensor]) -> None:
+        """Subclasses: reject invalid values of an initialised state (ValueError naming the entry)."""
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         key = prefix + "_initialized"
@@ -82,5 +105,10 @@ class QuantizerBase(nn.Module, abc.ABC):
             params = [state_dict[prefix + n] for n, _ in self.named_parameters(recurse=False)
                       if prefix + n in state_dict]
             state_dict[key] = torch.tensor(bool(params) and all(bool(torch.isfinite(p).all()) for p in params))
+        local = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix) and "." not in k[len(prefix):]}
+        try:
+            self.check_state(local)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{prefix.rstrip('.') or type(self).__name__}: invalid quantizer state: {e}") from None
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)

@@ -370,6 +370,15 @@ class QuantizationSimModel:
         if strict and (unexpected or missing):
             raise ValueError(f"quantizer state dict mismatch: missing {_shortlist(missing)}, "
                              f"unexpected {_shortlist(unexpected)}")
+        # validate every quantizer's whole new state first, so a bad entry changes nothing
+        for name, q in self.named_quantizers():
+            prefix = f"{name}."
+            local = {k[len(prefix):]: v for k, v in state_dict.items()
+                     if isinstance(k, str) and k.startswith(prefix) and "." not in k[len(prefix):]}
+            try:
+                q.check_state(local)
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"state_dict: quantizer {name}: {e}") from None
         self.model.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
 
     def set_percentile_value(self, percentile: float) -> None:
@@ -690,10 +699,20 @@ class QuantizationSimModel:
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"export directory does not exist: {directory}")
         version = EncodingsVersion.parse(encoding_version)
-        names = export_onnx(self, os.path.join(directory, f"{filename_prefix}.onnx"), dummy_input, qdq=qdq,
-                            prequantize_weights=prequantize_weights, opset=opset)
-        export_encodings(self, os.path.join(directory, f"{filename_prefix}.encodings"), version,
-                         tensors=set(names.values()))
+        # both files are written under temporary names first and renamed together at the end, so a failure
+        # in either leaves the previous pair as it was (never a new graph beside old encodings)
+        finals = [os.path.join(directory, f"{filename_prefix}.{ext}") for ext in ("onnx", "encodings")]
+        temps = [os.path.join(directory, f".{filename_prefix}.{ext}.quanta-partial") for ext in ("onnx", "encodings")]
+        try:
+            names = export_onnx(self, temps[0], dummy_input, qdq=qdq, prequantize_weights=prequantize_weights,
+                                opset=opset)
+            export_encodings(self, temps[1], version, tensors=set(names.values()))
+            for tmp, final in zip(temps, finals):
+                os.replace(tmp, final)
+        finally:
+            for tmp in temps:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         return names
 
     # ------------------------------------------------------------------ analysis

@@ -116,6 +116,13 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
             return None
         return self.min, self.max
 
+    def _check_values(self, state: dict[str, torch.Tensor]) -> None:
+        lo, hi = state["min"], state["max"]
+        if not (bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())):
+            raise ValueError("min and max must be finite")
+        if bool((lo > hi).any()):
+            raise ValueError("min must not exceed max")
+
     def get_scale(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
         """Scale ``max(|max - min|, N * s_min) / N``, or None before initialisation."""
         rng = self._range()

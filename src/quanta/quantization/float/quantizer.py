@@ -110,6 +110,11 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
         return FloatEncoding(self.get_scale(), self.format, self.block_size)
 
     @torch.no_grad()
+    def _check_values(self, state: dict[str, torch.Tensor]) -> None:
+        m = state["maxval"]
+        if not (bool(torch.isfinite(m).all()) and bool((m > 0).all())):
+            raise ValueError("maxval must be positive and finite")
+
     def set_range(self, maxval: torch.Tensor | float) -> None:
         """Set ``maxval`` (positive, finite; broadcast to ``shape``)."""
         m = torch.as_tensor(maxval, dtype=self.maxval.dtype, device=self.maxval.device)
