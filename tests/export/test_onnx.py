@@ -389,6 +389,7 @@ def test_module_called_twice_gets_suffixed_names(tmp_path):
 
 
 def test_dynamo_exporter(tmp_path):
+    pytest.importorskip("onnxscript")  # torch.onnx's dynamo exporter needs it
     sim, x = _shared_sim("cnn", "w4_block8")
     legacy, legacy_names, _ = _export(sim, tmp_path, x, name="legacy.onnx")
     path, names, model = _export(sim, tmp_path, x, dynamo=True)

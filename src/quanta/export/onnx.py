@@ -65,6 +65,7 @@ to ``"0"`` to keep float activations (matters for 16-bit activations).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import inspect
 import io
 import logging
@@ -556,6 +557,9 @@ def export_onnx(
         import onnx  # noqa: F401
     except ImportError:  # pragma: no cover - optional dependency
         raise ImportError("export_onnx needs the onnx package: pip install quanta[onnx]") from None
+    if dynamo and importlib.util.find_spec("onnxscript") is None:
+        raise ImportError("export_onnx(dynamo=True) needs onnxscript (torch's torch.export-based exporter): "
+                          "pip install quanta[onnx]")
 
     slots = _slots(sim)
     model = sim.model
