@@ -273,13 +273,19 @@ def _bits(d: dict[str, Any]) -> int | None:
     return None
 
 
-def _quanta_described(path: str, text: Any) -> list[dict[str, Any]]:
+def _metadata_object(path: str, text: Any, key: str) -> dict[str, Any]:
+    """A safetensors metadata entry that must hold a JSON object."""
     try:
-        described = json.loads(text)
+        doc = json.loads(text)
     except (TypeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: the 'quanta' metadata entry is not valid JSON ({e})") from None
-    if not isinstance(described, dict):
-        raise ValueError(f"{path}: the 'quanta' metadata entry must be a JSON object")
+        raise ValueError(f"{path}: the {key!r} metadata entry is not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: the {key!r} metadata entry must be a JSON object")
+    return doc
+
+
+def _quanta_described(path: str, text: Any) -> list[dict[str, Any]]:
+    described = _metadata_object(path, text, "quanta")
     out = []
     for name, d in described.items():
         if not isinstance(d, dict):
@@ -310,12 +316,7 @@ def _aqt_granularity(shape: Any, block: Any) -> str | None:
 
 
 def _weight_encodings(path: str, text: Any) -> list[dict[str, Any]]:
-    try:
-        doc = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: the {_WEIGHTS_KEY!r} metadata entry is not valid JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: the {_WEIGHTS_KEY!r} metadata entry must be a JSON object")
+    doc = _metadata_object(path, text, _WEIGHTS_KEY)
     out = []
     for name, e in doc.items():
         if not isinstance(e, dict):
