@@ -605,10 +605,7 @@ class QuantizationSimModel:
             encodings = read_json(encodings, "encodings")
             if not isinstance(encodings, Mapping):
                 raise ValueError(f"{where}encodings: expected a JSON object, got {type(encodings).__name__}")
-            quanta_format = encodings.get("format") == ENCODINGS_FORMAT or "version" not in encodings
-        else:
-            quanta_format = _is_quanta_format(encodings)
-        if not quanta_format:
+        if not _is_quanta_format(encodings):
             from quanta.export.sim_encodings import apply_encodings
 
             try:
@@ -794,18 +791,10 @@ def _run_node(root: nn.Module, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
     raise RuntimeError(f"unexpected graph node {node.op} {node.target}")  # pragma: no cover
 
 
-def _is_quanta_format(source: Any) -> bool:
-    """Whether ``source`` (a path or a mapping) is quanta's own encodings format (else AIMET's)."""
-    if isinstance(source, Mapping):
-        return source.get("format") == ENCODINGS_FORMAT
-    if isinstance(source, (str, os.PathLike)) and os.path.isfile(source):
-        try:
-            with open(source, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-            return True  # let the quanta reader report the malformed file
-        return not isinstance(doc, Mapping) or doc.get("format") == ENCODINGS_FORMAT or "version" not in doc
-    return True
+def _is_quanta_format(doc: Any) -> bool:
+    """Whether a parsed encodings document is quanta's own format; AIMET's carry a ``version`` and no ``format``.
+    Anything that is not a mapping goes to quanta's reader, which names what is wrong with it."""
+    return not isinstance(doc, Mapping) or "format" in doc or "version" not in doc
 
 
 def _read_encodings(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
