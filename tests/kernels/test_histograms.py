@@ -80,7 +80,7 @@ def test_subnormal_rows_bin_in_float64():
 
 def test_required_exponent_is_the_smallest_that_fits():
     rnd = random.Random(1)
-    lo, hi, expect = [], [], []
+    lo, hi = [], []
     for _ in range(500):
         a = rnd.uniform(-1, 1) * 10 ** rnd.uniform(-8, 8)
         b = a + abs(rnd.uniform(0, 1)) * 10 ** rnd.uniform(-8, 8)

@@ -36,7 +36,6 @@ from quanta.export.encodings import (
     EncodingsFile,
     EncodingsVersion,
     FileEncoding,
-    encodings_to_dict,
     read_encodings,
     write_encodings,
 )

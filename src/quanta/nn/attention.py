@@ -37,7 +37,6 @@ from quanta.nn.base import (
     default_activation_quantizer,
     default_weight_quantizer,
     plain,
-    qdq,
 )
 from quanta.nn.modules import QuantizedLinear
 
