@@ -8,6 +8,7 @@ Tensor names (shared with the ONNX exporter), for the quantized module named ``m
 >>> import torch
 >>> from torch import nn
 >>> from quanta.quantsim import QuantizationSimModel
+>>> from quanta.export.encodings import encodings_to_dict
 >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 >>> x = torch.randn(32, 8)
 >>> sim = QuantizationSimModel(model, x)
