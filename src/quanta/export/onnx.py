@@ -85,7 +85,7 @@ from quanta.grids.affine import IntegerGrid
 from quanta.kernels import affine as affine_kernels
 from quanta.kernels import float_cast
 from quanta.kernels.blocks import BlockLayout, resolve_layout
-from quanta.nn.base import QuantizationMixin
+from quanta.nn.base import QuantizationMixin, eval_mode
 from quanta.quantization.affine.quantizer import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
 from quanta.quantization.float import FloatQuantizeDequantize
@@ -439,17 +439,6 @@ def _stubs_in(slots: dict[int, _Slot]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
-
-
-@contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence the exporters' deprecation notices, tracer warnings and registry logging (errors still raise)."""
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
@@ -563,7 +552,7 @@ def export_onnx(
 
     slots = _slots(sim)
     model = sim.model
-    with _eval_mode(model), _stubs_in(slots):
+    with eval_mode(model), _stubs_in(slots):
         with torch.no_grad():
             outputs = _flat_tensors(model(*args))  # records each quantizer's input shapes
         used = {k: s for k, s in slots.items() if s.stub.inputs}

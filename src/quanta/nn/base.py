@@ -15,7 +15,7 @@ op, where each ``QDQ`` is a quantizer module from :mod:`quanta.quantization`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -24,7 +24,8 @@ from torch import nn
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.tensors.quantized import DequantizedTensor
 
-__all__ = ["QuantizationMixin", "default_activation_quantizer", "default_weight_quantizer", "plain", "qdq"]
+__all__ = ["QuantizationMixin", "default_activation_quantizer", "default_weight_quantizer", "eval_mode", "plain",
+           "qdq", "quantizers_off"]
 
 
 def default_weight_quantizer(weight: torch.Tensor, axis: int = 0) -> QuantizeDequantize:
@@ -70,6 +71,42 @@ def plain(x: Any) -> Any:
     if type(x) is DequantizedTensor:
         return x.as_subclass(torch.Tensor)
     return x
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model.eval()`` inside the block; on exit every submodule gets back its own train/eval flag
+    (``model.train(old)`` would set one flag for all, un-freezing a deliberately frozen BatchNorm)."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+@contextlib.contextmanager
+def quantizers_off(modules: Iterable[QuantizationMixin]) -> Iterator[None]:
+    """Every quantizer slot of ``modules`` is None inside the block (they run in float); restored on exit."""
+    saved = [(m, list(m.input_quantizers), list(m.output_quantizers), dict(m.param_quantizers.items()))
+             for m in modules]
+    try:
+        for m, ins, outs, params in saved:
+            _set_slots(m, [None] * len(ins), [None] * len(outs), dict.fromkeys(params))
+        yield
+    finally:
+        for m, ins, outs, params in saved:
+            _set_slots(m, ins, outs, params)
+
+
+def _set_slots(m: QuantizationMixin, ins: list, outs: list, params: dict) -> None:
+    for i, q in enumerate(ins):
+        m.input_quantizers[i] = q
+    for i, q in enumerate(outs):
+        m.output_quantizers[i] = q
+    for k, q in params.items():
+        m.param_quantizers[k] = q
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:

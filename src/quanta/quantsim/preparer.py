@@ -45,6 +45,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from quanta.nn import Add, Concat, MatMul, Multiply
+from quanta.nn.base import eval_mode
 from quanta.nn.registry import quantized_class_for
 
 __all__ = ["PreparedModel", "prepare_model"]
@@ -251,11 +252,9 @@ def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> 
     args = _as_tuple(dummy_input)
     if not trace:
         return PreparedModel(model, traced=False, trace_error="tracing disabled (trace=False)")
-    modes = {m: m.training for m in model.modules()}  # the graph module shares these leaves: restore each one
     try:
-        gm = _trace(model)
-        gm.eval()
-        with torch.no_grad():
+        gm = _trace(model)  # in the model's own mode: code reading self.training is traced as it runs
+        with eval_mode(gm), torch.no_grad():  # gm shares model's leaves: each gets its own flag back
             ShapeProp(gm).propagate(*args)
     except Exception as e:  # noqa: BLE001  (any tracing failure falls back to module replacement)
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -266,9 +265,6 @@ def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> 
             stacklevel=3,
         )
         return PreparedModel(model, traced=False, trace_error=msg)
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
     gm.training = model.training
 
     prepared = PreparedModel(gm, traced=True)

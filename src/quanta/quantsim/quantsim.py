@@ -33,6 +33,7 @@ from quanta.encodings.affine import AffineEncoding
 from quanta.encodings.float import FloatEncoding
 from quanta.kernels.qparams import offset_from_range
 from quanta.nn import QuantizationMixin
+from quanta.nn.base import eval_mode, quantizers_off
 from quanta.nn.modules import QuantizedConcat, QuantizedEmbedding
 from quanta.nn.registry import quantized_class_for
 from quanta.quantization.affine import QuantizeDequantize
@@ -396,15 +397,8 @@ class QuantizationSimModel:
     @contextlib.contextmanager
     def quantizers_disabled(self) -> Iterator[None]:
         """Inside the block every quantizer slot is None (the model runs in float); restored on exit."""
-        saved = [(m, list(m.input_quantizers), list(m.output_quantizers), dict(m.param_quantizers.items()))
-                 for m in self.model.modules() if isinstance(m, QuantizationMixin)]  # nested ones too
-        try:
-            for m, ins, outs, params in saved:
-                _set_slots(m, [None] * len(ins), [None] * len(outs), dict.fromkeys(params))
+        with quantizers_off(m for m in self.model.modules() if isinstance(m, QuantizationMixin)):  # nested too
             yield
-        finally:
-            for m, ins, outs, params in saved:
-                _set_slots(m, ins, outs, params)
 
     # ------------------------------------------------------------------ calibration
     def compute_encodings(
@@ -742,25 +736,10 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, UserWarning, stacklevel=4)
 
 
-def _set_slots(m: QuantizationMixin, ins: list, outs: list, params: dict) -> None:
-    for i, q in enumerate(ins):
-        m.input_quantizers[i] = q
-    for i, q in enumerate(outs):
-        m.output_quantizers[i] = q
-    for k, q in params.items():
-        m.param_quantizers[k] = q
-
-
 @contextlib.contextmanager
 def _eval_no_grad(model: nn.Module) -> Iterator[None]:
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
+    with eval_mode(model), torch.no_grad():
+        yield
 
 
 @contextlib.contextmanager

@@ -141,8 +141,9 @@ class _State:
 def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNRReport:
     """Build a :class:`LayerSQNRReport` for ``sim`` on ``batches`` (inputs, or tuples of inputs)."""
     from quanta.nn import QuantizationMixin
+    from quanta.nn.base import quantizers_off
     from quanta.quantsim.config import op_types_of
-    from quanta.quantsim.quantsim import _eval_no_grad, _set_slots
+    from quanta.quantsim.quantsim import _eval_no_grad
 
     # modules whose quantizers are all off (e.g. BatchNorm inside a Conv-BN-ReLU supergroup) add no error: no row
     modules = [(name, m) for name, m in sim.quantized_modules() if next(iter(m._quantizers()), None) is not None]
@@ -165,18 +166,12 @@ def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNR
             acc = state.cumulative.setdefault(name, _Acc())
             for r, o in zip(refs, outs):
                 acc.add(r, o)
-            inner = [m for m in mod.modules() if isinstance(m, QuantizationMixin)]  # with nested ones (MHA out_proj)
-            saved = [(list(m.input_quantizers), list(m.output_quantizers), dict(m.param_quantizers.items()))
-                     for m in inner]
-            for m, (ins, out_slots, params) in zip(inner, saved):
-                _set_slots(m, [None] * len(ins), [None] * len(out_slots), dict.fromkeys(params))
             state.inner = True
-            try:
-                plain = _tensors(mod(*args, **kwargs))
+            try:  # the same module in float, nested quantized modules (MHA out_proj) too
+                with quantizers_off(m for m in mod.modules() if isinstance(m, QuantizationMixin)):
+                    plain = _tensors(mod(*args, **kwargs))
             finally:
                 state.inner = False
-                for m, slots in zip(inner, saved):
-                    _set_slots(m, *slots)
             lacc = state.local.setdefault(name, _Acc())
             for r, o in zip(plain, outs):
                 lacc.add(r, o)
