@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from quantsim_models import SmallCNN, TransformerBlock
+from quantsim_models import W4_BLOCK_CONFIG, SmallCNN, TransformerBlock
 
 from quanta.encodings.affine import AffineEncoding
 from quanta.export import (
@@ -23,15 +23,6 @@ from quanta.quantsim import QuantizationSimModel
 V061, V100, V200 = EncodingsVersion.V0_6_1, EncodingsVersion.V1_0_0, EncodingsVersion.V2_0_0
 ALL_VERSIONS = [V061, V100, V200]
 
-W4_BLOCK_CONFIG = {
-    "defaults": {
-        "ops": {"is_output_quantized": "True", "is_symmetric": "False"},
-        "params": {"is_quantized": "True", "is_symmetric": "True"},
-        "per_channel_quantization": "True",
-    },
-    "params": {"bias": {"is_quantized": "False"}},
-    "op_type": {"Gemm": {"params": {"weight": {"block_size": 8, "bitwidth": 4}}}},
-}
 
 
 def _models():

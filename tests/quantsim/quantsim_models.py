@@ -18,6 +18,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
+#: a quantsim config (AIMET file format, as a dict): W8A8 defaults, 4-bit weights in blocks of 8 on Linear layers
+W4_BLOCK_CONFIG = {
+    "defaults": {
+        "ops": {"is_output_quantized": "True", "is_symmetric": "False"},
+        "params": {"is_quantized": "True", "is_symmetric": "True"},
+        "per_channel_quantization": "True",
+    },
+    "params": {"bias": {"is_quantized": "False"}},
+    "op_type": {"Gemm": {"params": {"weight": {"block_size": 8, "bitwidth": 4}}}},
+}
+
+
 class SmallCNN(nn.Module):
     """3×16×16 images → ``num_classes`` logits."""
 

@@ -61,6 +61,7 @@ from hypothesis.control import currently_in_test_context
 from torch import nn
 
 from quantized_models import CONFIGS, make_model
+from quantsim_models import W4_BLOCK_CONFIG
 
 from quanta.dtypes import AffineQuantizedTensor, LinearActivationQuantizedTensor, load_quantized, save_quantized
 from quanta.export.encodings import EncodingsFile, read_encodings
@@ -80,15 +81,6 @@ FUZZ = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, Heal
 
 
 # ============================================================================ subjects
-W4_BLOCK_CONFIG = {
-    "defaults": {
-        "ops": {"is_output_quantized": "True", "is_symmetric": "False"},
-        "params": {"is_quantized": "True", "is_symmetric": "True"},
-        "per_channel_quantization": "True",
-    },
-    "params": {"bias": {"is_quantized": "False"}},
-    "op_type": {"Gemm": {"params": {"weight": {"block_size": 8, "bitwidth": 4}}}},
-}
 
 
 def _conv_model() -> tuple[nn.Module, torch.Tensor]:
