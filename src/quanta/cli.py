@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -29,6 +31,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+def _with_overrides(cfg: Any, **kwargs: Any) -> Any:
+    """The frozen config dataclass ``cfg`` with the flags the user gave (None: not given, keep the default)."""
+    return replace(cfg, **{k: v for k, v in kwargs.items() if v is not None})
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -42,16 +49,13 @@ def _positive_int(text: str) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
-    from quanta.tools.demo import DemoConfig, format_table, run_demo, with_overrides
+    from quanta.tools.demo import DemoConfig, format_table, run_demo
 
     if args.threads:
         torch.set_num_threads(args.threads)
     plot = None if args.no_plot else (Path(args.plot) if args.plot else DemoConfig.plot)
-    cfg = with_overrides(DemoConfig(), epochs=args.epochs, qat_epochs=args.qat_epochs, seed=args.seed)
-    cfg = with_overrides(cfg, progress=not args.no_progress)
-    from dataclasses import replace
-
-    cfg = replace(cfg, plot=plot)
+    cfg = replace(_with_overrides(DemoConfig(), epochs=args.epochs, qat_epochs=args.qat_epochs, seed=args.seed),
+                  progress=not args.no_progress, plot=plot)
     rows = run_demo(cfg, log=lambda msg: print(msg, file=sys.stderr))
     print(format_table(rows))
     return 0
@@ -68,17 +72,17 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from quanta.tools.quantize_model import QuantizeConfig, format_summary, quantize_model, with_overrides
+    from quanta.tools.quantize_model import QuantizeConfig, format_summary, quantize_model
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    cfg = with_overrides(QuantizeConfig(), scheme=args.scheme, param_bw=args.param_bw, output_bw=args.output_bw,
+    cfg = _with_overrides(QuantizeConfig(), scheme=args.scheme, param_bw=args.param_bw, output_bw=args.output_bw,
                          encoding_version=args.encoding_version, model_class=args.model_class,
                          batch_size=args.batch_size, num_batches=args.num_batches,
                          config_file=Path(args.config) if args.config else None)
-    cfg = with_overrides(cfg, onnx=not args.no_onnx, progress=not args.no_progress)
+    cfg = _with_overrides(cfg, onnx=not args.no_onnx, progress=not args.no_progress)
     result = quantize_model(args.model, args.calib, args.out, cfg,
                             log=lambda msg: print(f"quanta quantize: {msg}", file=sys.stderr))
     print(format_summary(result))

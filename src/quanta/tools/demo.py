@@ -18,7 +18,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -240,8 +240,3 @@ def format_table(rows: list[DemoRow]) -> str:
         lines.append(f"{r.scheme:<20} {100 * r.accuracy:>7.1f}% {r.weight_bytes:>15,} {r.weight_bytes / base:>7.3f} "
                      f"{sq:>8} {r.time_ratio:>7.2f}x")
     return "\n".join(lines)
-
-
-def with_overrides(cfg: DemoConfig, **kwargs: Any) -> DemoConfig:
-    """``cfg`` with the given fields replaced (None values ignored)."""
-    return replace(cfg, **{k: v for k, v in kwargs.items() if v is not None})

@@ -42,7 +42,7 @@ import os
 import warnings
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,6 @@ __all__ = [
     "parse_model_class",
     "parse_scheme",
     "quantize_model",
-    "with_overrides",
 ]
 
 #: File names written into the output directory.
@@ -97,11 +96,6 @@ class QuantizeConfig:
     num_batches: int | None = None
     onnx: bool = True
     progress: bool = True
-
-
-def with_overrides(cfg: QuantizeConfig, **kwargs: Any) -> QuantizeConfig:
-    """``cfg`` with the given fields replaced (None values ignored)."""
-    return replace(cfg, **{k: v for k, v in kwargs.items() if v is not None})
 
 
 # ---------------------------------------------------------------------- parsing the CLI's strings (once)
