@@ -448,7 +448,7 @@ class QuantizationSimModel:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         unseen = [name for name, q in quantizers if id(q) not in seen and q._allow_overwrite]
         if unseen:
-            missing = [name for name in unseen if not dict(quantizers)[name].is_initialized()]
+            missing = [name for name, q in quantizers if name in unseen and not q.is_initialized()]
             warnings.warn(
                 f"compute_encodings: {len(unseen)} quantizers saw no input and kept their encoding: "
                 f"{_shortlist(unseen)}" + (f"; still uninitialised: {_shortlist(missing)}" if missing else ""),
