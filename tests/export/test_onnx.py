@@ -26,7 +26,7 @@ from quantsim_models import SmallCNN, TransformerBlock, make_cnn_data, make_seq_
 from quanta.export.onnx import export_onnx  # noqa: E402
 from quanta.quantization.affine import QuantizeDequantize  # noqa: E402
 from quanta.quantization.float import FloatQuantizeDequantize  # noqa: E402
-from quanta.quantsim import QuantizationSimModel, QuantSimConfig  # noqa: E402
+from quanta.quantsim import INTEGER_ONLY, QuantizationSimModel, QuantSimConfig  # noqa: E402
 
 MODELS = {
     # name: (factory, calibration batch, evaluation batch (its shape is the graph's), final output quantizer)
@@ -37,22 +37,22 @@ MODELS = {
 
 
 def _config(**params: object) -> dict:
-    """The built-in default config with ``params`` set on Gemm (Linear) weights."""
-    d = QuantSimConfig.load().to_dict()
+    """INTEGER_ONLY (every tensor quantized) with ``params`` set on Gemm (Linear) weights."""
+    d = QuantSimConfig.load(INTEGER_ONLY).to_dict()
     d["op_type"]["Gemm"] = {"params": {"weight": dict(params)}}
     return d
 
 
 def _float8_weights() -> dict:
-    d = QuantSimConfig.load().to_dict()
+    d = QuantSimConfig.load(INTEGER_ONLY).to_dict()
     d["defaults"]["params"]["dtype"] = "float"
     return d
 
 
-SIMS = {  # sim configurations
-    "w8a8": {},
+SIMS = {  # sim configurations; every tensor quantized, so the output is on a grid whose step bounds the error
+    "w8a8": {"config_file": INTEGER_ONLY},
     "w4_block8": {"config_file": _config(block_size=8, bitwidth=4)},
-    "a16": {"default_output_bw": 16},
+    "a16": {"default_output_bw": 16, "config_file": INTEGER_ONLY},
     "w_float8": {"config_file": _float8_weights()},
 }
 CASES = {  # name: (sim, export options, the minimal opset)
@@ -147,6 +147,20 @@ def test_onnxruntime_matches_sim_within_one_output_step(model, case, tmp_path):
     assert optimized <= step * 1.01, (optimized, step)
     assert set(names) == {n for n, _ in sim.named_quantizers()}
     assert set(names.values()) <= _tensor_names(onnx_model)
+
+
+def test_default_config_keeps_the_residual_adds_in_float(tmp_path):
+    """The built-in default leaves the adds' outputs unquantized: onnxruntime runs them in float.
+
+    The output is then off a grid; its error is bounded by the steps of the quantized tensors that reach it
+    unchanged through the adds (the outputs of proj and fc2, summed into the residual stream)."""
+    sim, x = _sim("transformer")
+    path, names, model = _export(sim, tmp_path, x)
+    assert not any(n.startswith("add") for n in names)
+    assert "Add" in _ops(model)
+    q = dict(sim.named_quantizers())
+    bound = float(q["proj.output_quantizers.0"].get_scale() + q["fc2.output_quantizers.0"].get_scale())
+    assert np.abs(_run(path, x) - _reference(sim, x)).max() <= bound
 
 
 def test_exact_on_the_cnn_without_graph_optimisations(tmp_path):

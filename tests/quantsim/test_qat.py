@@ -30,7 +30,7 @@ from quanta.kernels import native
 from quanta.kernels.float_cast import fake_cast
 from quanta.quantization.affine import Quantize, QuantizeDequantize
 from quanta.quantization.float import FloatQuantizeDequantize
-from quanta.quantsim import QuantizationSimModel
+from quanta.quantsim import INTEGER_ONLY, QuantizationSimModel, QuantSimConfig
 from quantsim_models import SeqClassifier, SmallCNN, TransformerBlock, make_cnn_data, make_seq_data, sqnr_db
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -148,50 +148,60 @@ def test_cnn_w8a8_min_max_is_close_to_float(cnn_task):
     assert abs(qloss - loss) <= 0.01
 
 
-def _block_sqnrs(block: nn.Module, x_cal: list[torch.Tensor], x_test: torch.Tensor) -> tuple[float, float, int, int]:
-    """Output SQNR of ``block`` at W8A8 traced (default) and modules-only (``trace=False``), and quantizer counts."""
+def _block_sqnrs(block: nn.Module, x_cal: list[torch.Tensor], x_test: torch.Tensor) -> dict[str, tuple[float, int]]:
+    """Output SQNR of ``block`` at W8A8 MinMax and its number of quantizers, per placement:
+
+    ``default`` (traced, the built-in config: residual adds in float), ``integer_only`` (every tensor quantized),
+    ``integer_only_add16`` (the adds at 16 bits) and ``modules_only`` (``trace=False``: functional ops in float,
+    AIMET without its model preparer)."""
     block.eval()
     with torch.no_grad():
         ref = block(x_test)
-    result = []
-    for trace in (True, False):
-        sim = _sim(block, x_test[:4], trace=trace)
+    add16 = QuantSimConfig.load(INTEGER_ONLY).to_dict()
+    add16["op_type"]["Add"] = {"bitwidth": 16}
+    placements = {"default": {}, "integer_only": {"config_file": INTEGER_ONLY},
+                  "integer_only_add16": {"config_file": add16}, "modules_only": {"trace": False}}
+    result = {}
+    for name, kwargs in placements.items():
+        sim = _sim(block, x_test[:4], **kwargs)
         sim.compute_encodings(x_cal, progress=False)
         with torch.no_grad():
-            result.append(sqnr_db(ref, sim.model(x_test)))
-        result.append(sum(1 for _ in sim.named_quantizers()))
-    default, n_default, modules_only, n_modules = result
-    return default, modules_only, n_default, n_modules
+            result[name] = (sqnr_db(ref, sim.model(x_test)), sum(1 for _ in sim.named_quantizers()))
+    return result
+
+
+def _print_block_sqnrs(title: str, sqnrs: dict[str, tuple[float, int]]) -> None:
+    print(f"\n{title} W8A8: " + ", ".join(f"{k} {db:.2f} dB ({n} quantizers)" for k, (db, n) in sqnrs.items()))
 
 
 def test_transformer_block_w8a8_sqnr():
-    """A freshly initialised block (no task of its own).
+    """A freshly initialised block (no task of its own): the issue's acceptance number, >= 40 dB by default.
 
-    Traced, every activation is quantized per tensor, including the outputs of
-    both matmuls, softmax and the residual adds: a chain of about a dozen 8-bit
-    quantizers of Gaussian-like values, which caps the output near 36 dB. With
-    ``trace=False`` only module outputs are quantized (functional ops stay in
-    float, as in AIMET without a model preparer): ~48 dB.
+    Traced, the default quantizes every activation but the residual adds' outputs (LayerNorms, Linears, GELU,
+    both matmuls, softmax): ~48 dB. Quantizing the adds too (INTEGER_ONLY) adds two 8-bit per-tensor
+    quantizers on the widest tensors, each capping the output near 38.5 dB: ~35 dB. AIMET 2.42 measured
+    on this block and data: 46.6 dB as is (module outputs only), 33.7 dB after its model preparer.
     """
     torch.manual_seed(0)
     block = TransformerBlock()
     x, _ = make_seq_data(512, seed=0)
-    default, modules_only, n_default, n_modules = _block_sqnrs(block, _batches(x, 256, 64), x[256:])
-    print(f"\nTransformerBlock (untrained) W8A8: traced {default:.2f} dB ({n_default} quantizers), "
-          f"trace=False {modules_only:.2f} dB ({n_modules} quantizers)")
-    assert n_default > n_modules  # the matmuls, softmax and adds have quantizers when traced
-    assert default >= 33.0
-    assert modules_only >= 40.0
+    sqnrs = _block_sqnrs(block, _batches(x, 256, 64), x[256:])
+    _print_block_sqnrs("TransformerBlock (untrained)", sqnrs)
+    assert sqnrs["default"][0] >= 40.0
+    assert sqnrs["integer_only"][0] >= 33.0
+    assert sqnrs["integer_only_add16"][0] >= 45.0  # the recipe README gives for integer-only backends
+    assert sqnrs["modules_only"][0] >= 40.0
+    # the default quantizes the matmuls and softmax that trace=False leaves in float; INTEGER_ONLY the adds too
+    assert sqnrs["modules_only"][1] < sqnrs["default"][1] < sqnrs["integer_only"][1]
 
 
 def test_trained_transformer_block_w8a8_sqnr(seq_task):
-    """The block of the trained SeqClassifier: training spreads the activations, both numbers drop a little."""
-    block = seq_task.model.block
-    default, modules_only, _, _ = _block_sqnrs(block, seq_task.calibration, seq_task.x_test)
-    print(f"\nTransformerBlock (trained) W8A8: traced {default:.2f} dB, trace=False {modules_only:.2f} dB")
-    assert default >= 33.0
-    assert modules_only >= 38.0
-    assert modules_only > default
+    """The block of the trained SeqClassifier: training spreads the activations, every number drops a little."""
+    sqnrs = _block_sqnrs(seq_task.model.block, seq_task.calibration, seq_task.x_test)
+    _print_block_sqnrs("TransformerBlock (trained)", sqnrs)
+    assert sqnrs["default"][0] >= 40.0
+    assert sqnrs["integer_only"][0] >= 33.0
+    assert sqnrs["default"][0] > sqnrs["integer_only"][0]
 
 
 def test_seq_classifier_w8a8_min_max_is_close_to_float(seq_task):
@@ -202,7 +212,7 @@ def test_seq_classifier_w8a8_min_max_is_close_to_float(seq_task):
     sqnr = sqnr_db(ref, out)
     print(f"\nSeqClassifier W8A8 min_max: logits SQNR {sqnr:.2f} dB; loss {loss:.4f} -> {qloss:.4f}, "
           f"accuracy {acc:.4f} -> {qacc:.4f}")
-    assert sqnr >= 36.0
+    assert sqnr >= 40.0
     assert abs(qacc - acc) <= 0.01
     assert abs(qloss - loss) <= 0.01
 

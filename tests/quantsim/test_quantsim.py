@@ -24,10 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import quanta.nn
+import quanta.quantsim
 import quanta.quantsim.quantsim as quantsim_mod
 from quanta.quantization.affine import QuantizeDequantize, quantize_dequantize
 from quanta.quantization.float import FloatQuantizeDequantize
-from quanta.quantsim import DataType, QuantizationSimModel, QuantScheme
+from quanta.quantsim import DataType, QuantizationSimModel, QuantScheme, QuantSimConfig
 from quanta.quantsim.config import BUILTIN_DEFAULT
 from quanta.quantsim.progress import progress_bar
 from quantsim_models import SmallCNN, TransformerBlock, make_cnn_data, make_seq_data, sqnr_db
@@ -319,12 +320,40 @@ def test_default_layout_transformer_block():
     for name in ("ln1", "ln2"):
         assert layout[f"{name}.param_quantizers.weight"] == ((), *W8)  # norm weight per tensor
         assert sub(sim, name).param_quantizers["bias"] is None
-    for name in ("ln1", "qkv", "matmul", "softmax", "matmul_1", "proj", "add", "ln2", "fc1", "act", "fc2", "add_1"):
+    for name in ("ln1", "qkv", "matmul", "softmax", "matmul_1", "proj", "ln2", "fc1", "act", "fc2"):
         assert layout[f"{name}.output_quantizers.0"] == A8, name  # no supergroup here
+    for name in ("add", "add_1"):  # the residual stream stays in float
+        assert isinstance(sub(sim, name), quanta.nn.QuantizedAdd) and sub(sim, name).output_quantizers[0] is None
     assert isinstance(sub(sim, "matmul"), quanta.nn.QuantizedMatMul)
     assert isinstance(sub(sim, "softmax"), quanta.nn.QuantizedSoftmax)
     assert sub(sim, "ln1").input_quantizers[0] is None  # model inputs are not quantized by default
     assert all(q is None for q in sub(sim, "add").input_quantizers)
+
+
+def test_integer_only_quantizes_the_residual_adds_too():
+    with pytest.warns(UserWarning, match="truediv"):
+        sim = QuantizationSimModel(TransformerBlock(), randn(2, 4, 32), config_file=quanta.quantsim.INTEGER_ONLY)
+    layout = _layout(sim)
+    for name in ("ln1", "qkv", "matmul", "softmax", "matmul_1", "proj", "add", "ln2", "fc1", "act", "fc2", "add_1"):
+        assert layout[f"{name}.output_quantizers.0"] == A8, name
+    default = QuantSimConfig.load().to_dict()
+    del default["op_type"]["Add"]
+    assert QuantSimConfig.load(quanta.quantsim.INTEGER_ONLY) == QuantSimConfig.load(default)  # nothing else differs
+
+
+def test_add_then_relu_is_one_output_quantizer_either_way():
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.fc(x) + x)
+
+    for config in (None, quanta.quantsim.INTEGER_ONLY):
+        sim = sim_of(Residual(), randn(2, 8), config_file=config)
+        assert sub(sim, "add").output_quantizers[0] is None  # the supergroup's quantizer is ReLU's
+        assert sub(sim, "relu").output_quantizers[0] is not None
 
 
 def test_supergroup_linear_relu():
@@ -488,7 +517,7 @@ def test_per_name_glob_disables_output_quantizer():
         sim = QuantizationSimModel(TransformerBlock(), randn(2, 4, 32), config_file=cfg)
     assert sub(sim, "fc1").output_quantizers[0] is None and sub(sim, "fc2").output_quantizers[0] is None
     assert sub(sim, "fc1").param_quantizers["weight"] is not None
-    for name in ("qkv", "proj", "act", "add_1"):
+    for name in ("qkv", "proj", "act"):
         assert sub(sim, name).output_quantizers[0] is not None, name
 
 

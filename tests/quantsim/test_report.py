@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from quanta.quantsim import LayerSQNR, LayerSQNRReport, QuantizationSimModel
+from quanta.quantsim import INTEGER_ONLY, LayerSQNR, LayerSQNRReport, QuantizationSimModel
 from quantsim_models import SmallCNN, TransformerBlock, make_cnn_data, make_seq_data
 
 
@@ -25,10 +25,10 @@ def _sqnr(refs: list[torch.Tensor], outs: list[torch.Tensor]) -> float:
     return math.inf if noise == 0 else 10 * math.log10(signal / noise)
 
 
-def _sim(model: nn.Module, batches: list) -> QuantizationSimModel:
+def _sim(model: nn.Module, batches: list, **kwargs) -> QuantizationSimModel:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # TransformerBlock's truediv stays float
-        sim = QuantizationSimModel(model, batches[0])
+        sim = QuantizationSimModel(model, batches[0], **kwargs)
     sim.compute_encodings(batches, progress=False)
     return sim
 
@@ -49,7 +49,7 @@ def transformer():
     model = TransformerBlock().eval()
     x, _ = make_seq_data(8, seq=8)
     batches = [x[:4], x[4:]]
-    sim = _sim(model, batches)
+    sim = _sim(model, batches, config_file=INTEGER_ONLY)  # every op has a row, the residual adds too
     return model, sim, batches, sim.layer_sqnr(batches)
 
 
@@ -103,6 +103,17 @@ def test_transformer_rows_in_execution_order(transformer):
                      "add_1"]
     assert names == _execution_order(sim, batches[0])
     assert report.layers[2].op_type == "MatMul" and report.layers[6].op_type == "Add"
+
+
+def test_ops_without_quantizers_get_no_row():
+    torch.manual_seed(0)
+    model = TransformerBlock().eval()
+    x, _ = make_seq_data(8, seq=8)
+    sim = _sim(model, [x])  # the built-in default: the residual adds stay in float
+    report = sim.layer_sqnr([x])
+    assert [r.name for r in report.layers] == ["ln1", "qkv", "matmul", "softmax", "matmul_1", "proj", "ln2",
+                                               "fc1", "act", "fc2"]
+    assert report.layers[-1].sqnr_db != report.output_sqnr_db  # fc2's output is summed with the float stream
 
 
 # -- numbers ------------------------------------------------------------------------------------------

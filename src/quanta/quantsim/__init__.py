@@ -15,13 +15,20 @@ See :class:`QuantizationSimModel`, :mod:`quanta.quantsim.config` for the config
 file, :mod:`quanta.quantsim.preparer` for how functional ops are made quantizable.
 """
 
-from quanta.quantsim.config import DataType, QuantizerSpec, QuantSimConfig, op_types_of
+from quanta.quantsim.config import (
+    INTEGER_ONLY,
+    DataType,
+    QuantizerSpec,
+    QuantSimConfig,
+    op_types_of,
+)
 from quanta.quantsim.preparer import PreparedModel, prepare_model
 from quanta.quantsim.quantsim import QuantizationSimModel
 from quanta.quantsim.report import LayerSQNR, LayerSQNRReport
 from quanta.quantsim.scheme import QuantScheme
 
 __all__ = [
+    "INTEGER_ONLY",
     "DataType",
     "LayerSQNR",
     "LayerSQNRReport",

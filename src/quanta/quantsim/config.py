@@ -59,7 +59,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["DataType", "QuantSimConfig", "QuantizerSpec", "op_types_of"]
+__all__ = ["BUILTIN_DEFAULT", "INTEGER_ONLY", "DataType", "QuantSimConfig", "QuantizerSpec", "op_types_of"]
 
 MIN_BITWIDTH, MAX_BITWIDTH = 1, 32
 FLOAT_BITWIDTHS = (8, 16)  # float formats quanta simulates: fp8 (e4m3) and fp16
@@ -733,6 +733,11 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
         },
         "LayerNormalization": {"per_channel_quantization": False},
         "GroupNormalization": {"per_channel_quantization": False},
+        # The residual stream: an add's output has the widest range in the network and costs no MACs, so
+        # it stays in float (as TensorRT/ModelOpt place Q/DQ, and as AIMET runs without its model preparer);
+        # one 8-bit per-tensor quantizer there caps a transformer block's output near 38 dB. Its consumers
+        # (LayerNorm → Linear, ReLU) are still quantized. INTEGER_ONLY turns it back on.
+        "Add": {"is_output_quantized": False},
     },
     "supergroups": [
         {"op_list": ["Conv", "Relu"]},
@@ -744,6 +749,14 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
     ],
     "model_input": {},
     "model_output": {},
+}
+
+
+#: BUILTIN_DEFAULT with every activation quantized, elementwise adds included: what an integer-only
+#: backend runs (AIMET's default config on a model-prepared graph places the same quantizers).
+INTEGER_ONLY: Mapping[str, Any] = {
+    **BUILTIN_DEFAULT,
+    "op_type": {k: v for k, v in BUILTIN_DEFAULT["op_type"].items() if k != "Add"},
 }
 
 
