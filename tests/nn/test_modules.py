@@ -150,6 +150,52 @@ def test_matches_functional_reference_bit_exact(case, quantize_inputs):
 
 
 @pytest.mark.parametrize("case", CASES, ids=repr)
+def test_plain_outputs_without_autograd_are_the_same_values(case):
+    """With ``plain_outputs`` (as inside a QuantizationSimModel) and no autograd, a fresh op output is
+    fake-quantized in place: same bits as the reference, inputs untouched, a plain tensor out."""
+    fm, qm = _build(case)
+    qm.plain_outputs = True
+    inputs = case.inputs(torch.Generator().manual_seed(7))
+    before = [x.clone() for x in inputs]
+    with torch.no_grad():
+        out = qm(*inputs)
+    assert type(out) is torch.Tensor
+    assert torch.equal(out, _reference(fm, qm, inputs))
+    assert all(torch.equal(x, b) for x, b in zip(inputs, before))
+    with torch.enable_grad():  # autograd on: the usual out-of-place path, same values
+        assert torch.equal(_plain(qm(*inputs)), out)
+
+
+def test_inplace_activation_output_is_not_overwritten():
+    """ReLU(inplace=True) returns its input: that tensor must keep ReLU's values, not get the quantized ones."""
+    qm = qnn.from_module(nn.ReLU(inplace=True))
+    qm.output_quantizers[0].set_range(0.0, 1.0)
+    qm.plain_outputs = True
+    x = 2 * torch.randn(64)
+    x0 = x.clone()
+    with torch.no_grad():
+        out = qm(x)
+    assert torch.equal(x, torch.relu(x0))  # what ReLU made of it; the quantizer clamps at 1.0
+    assert not torch.equal(out, x) and out.max() <= 1.0
+    assert torch.unique(out).numel() <= 256
+
+
+def test_output_quantizer_hooks_still_run_with_plain_outputs():
+    qm = qnn.from_module(nn.Linear(4, 3))
+    with qm.compute_encodings():
+        qm(torch.randn(8, 4))
+    qm.plain_outputs = True
+    seen = []
+    handle = qm.output_quantizers[0].register_forward_hook(lambda m, args, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            out = qm(torch.randn(2, 4))
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and torch.equal(_plain(seen[0]), out)
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
 def test_default_quantizers(case):
     fm = case.make()
     qm = qnn.from_module(fm)

@@ -70,13 +70,14 @@ class QuantizedLinear(QuantizationMixin, nn.Linear):
     """``QDQ_out(F.linear(QDQ_in(x), QDQ_w(weight), QDQ_b(bias)))``."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return self._qoutput(F.linear(self._qinput(0, input), self._qparam("weight"), self._qparam("bias")))
+        return self._qoutput(F.linear(self._qinput(0, input), self._qparam("weight"), self._qparam("bias")),
+                             owned=True)
 
 
 class _QuantizedConvNd(QuantizationMixin):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         y = self._conv_forward(self._qinput(0, input), self._qparam("weight"), self._qparam("bias"))  # type: ignore[attr-defined]
-        return self._qoutput(y)
+        return self._qoutput(y, owned=True)
 
 
 class QuantizedConv1d(_QuantizedConvNd, nn.Conv1d):
@@ -110,7 +111,7 @@ class _QuantizedConvTransposeNd(QuantizationMixin):
             self._qinput(0, input), self._qparam("weight"), self._qparam("bias"),
             self.stride, self.padding, output_padding, self.groups, self.dilation,  # type: ignore[attr-defined]
         )
-        return self._qoutput(y)
+        return self._qoutput(y, owned=True)
 
 
 class QuantizedConvTranspose1d(_QuantizedConvTransposeNd, nn.ConvTranspose1d):
@@ -136,7 +137,7 @@ class QuantizedEmbedding(QuantizationMixin, nn.Embedding):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         y = F.embedding(input, self._qparam("weight"), self.padding_idx, self.max_norm, self.norm_type,
                         self.scale_grad_by_freq, self.sparse)
-        return self._qoutput(y)
+        return self._qoutput(y, owned=True)
 
 
 # -- normalisation ------------------------------------------------------------------------
@@ -155,7 +156,7 @@ class QuantizedLayerNorm(_QuantizedNorm, nn.LayerNorm):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         y = F.layer_norm(self._qinput(0, input), self.normalized_shape, self._qparam("weight"),
                          self._qparam("bias"), self.eps)
-        return self._qoutput(y)
+        return self._qoutput(y, owned=True)
 
 
 class QuantizedGroupNorm(_QuantizedNorm, nn.GroupNorm):
@@ -164,7 +165,7 @@ class QuantizedGroupNorm(_QuantizedNorm, nn.GroupNorm):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         y = F.group_norm(self._qinput(0, input), self.num_groups, self._qparam("weight"),
                          self._qparam("bias"), self.eps)
-        return self._qoutput(y)
+        return self._qoutput(y, owned=True)
 
 
 class _QuantizedBatchNorm(QuantizationMixin):
@@ -189,7 +190,7 @@ class _QuantizedBatchNorm(QuantizationMixin):
             self.running_var if track else None,  # type: ignore[attr-defined]
             self._qparam("weight"), self._qparam("bias"), bn_training, eaf, self.eps,  # type: ignore[attr-defined]
         )
-        return self._qoutput(y)
+        return self._qoutput(y, owned=True)
 
 
 class QuantizedBatchNorm1d(_QuantizedBatchNorm, nn.BatchNorm1d):
@@ -212,7 +213,8 @@ class _QuantizedElementwise(QuantizationMixin):
             )
         qin = tuple(plain(qdq(q, x)) for q, x in zip(self.input_quantizers, inputs)) + tuple(
             plain(x) for x in inputs[len(self.input_quantizers):])
-        return self._qoutput(super().forward(*qin))  # type: ignore[misc]
+        # every wrapped op returns a new tensor, except activations constructed with inplace=True
+        return self._qoutput(super().forward(*qin), owned=not getattr(self, "inplace", False))  # type: ignore[misc]
 
 
 class QuantizedReLU(_QuantizedElementwise, nn.ReLU):

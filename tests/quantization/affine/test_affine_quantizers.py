@@ -10,6 +10,7 @@ Every expected number below is worked out by hand from these formulas.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import math
@@ -672,3 +673,46 @@ def test_calibration_on_half_precision_input(dtype):
     _close(q.get_scale(), 4.0 / 255)
     out = q(x)
     assert out.dtype == dtype
+
+
+# ---------------------------------------------------------------- in-place QDQ for owned outputs (quanta.nn)
+def _calibrated_qdq() -> QuantizeDequantize:
+    q = QuantizeDequantize(shape=(), bitwidth=8, symmetric=False)
+    q.set_range(-1.0, 1.5)
+    return q
+
+
+def test_qdq_into_overwrites_with_the_forward_values():
+    q = _calibrated_qdq()
+    x = 2 * torch.randn(3, 5, 7)
+    expected = q(x).as_subclass(torch.Tensor).detach()
+    ptr = x.data_ptr()
+    with torch.no_grad():
+        assert q._qdq_into_(x)
+    assert x.data_ptr() == ptr and torch.equal(x, expected)
+
+
+@pytest.mark.filterwarnings("ignore:.*no input was seen")
+@pytest.mark.parametrize("why", ["grad", "strided", "hook", "global_hook", "calibrating", "int", "quantize"])
+def test_qdq_into_declines_and_leaves_the_input_alone(why):
+    q = Quantize(shape=(), bitwidth=8, symmetric=False) if why == "quantize" else _calibrated_qdq()
+    if why == "quantize":
+        q.set_range(-1.0, 1.5)
+    x = 2 * torch.randn(4, 6)
+    if why == "strided":
+        x = x.t()
+    if why == "int":
+        x = torch.arange(24).reshape(4, 6)
+    before = x.clone()
+    stack = contextlib.ExitStack()
+    with stack:
+        if why != "grad":
+            stack.enter_context(torch.no_grad())
+        if why == "hook":
+            stack.callback(q.register_forward_pre_hook(lambda m, a: None).remove)
+        if why == "global_hook":
+            stack.callback(torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: None).remove)
+        if why == "calibrating":
+            stack.enter_context(q.compute_encodings())
+        assert not q._qdq_into_(x)
+    assert torch.equal(x, before)

@@ -311,7 +311,14 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
             with self._batch_range(x):
                 enc = self._encoding_for(x)
                 return self._wrap_output(self._kernel(x, enc.scale, enc.offset), enc)
-        # The hot path: plain dict lookups instead of nn.Module.__getattr__, cached plans and qparams.
+        mn, mx, c, call = self._prepared_call(x)
+        return self._wrap_output(range_affine(x, mn, mx, call), _LiveEncoding(self, c))
+
+    def _prepared_call(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _QParams, RangeCall]:
+        """``(min, max, qparams, kernel call)`` for ``x`` outside calibration: the hot path.
+
+        Plain dict lookups instead of nn.Module.__getattr__, cached plans and qparams.
+        """
         params = self._parameters
         mn, mx = params["min"], params["max"]
         if not self._buffers["_initialized"]:
@@ -324,7 +331,25 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         if call is None:
             call = c.calls[p] = RangeCall(self._mode, p, self._out_dtype(x.dtype), self.grid, self.symmetric,
                                           c.scale, c.offset)
-        return self._wrap_output(range_affine(x, mn, mx, call), _LiveEncoding(self, c))
+        return mn, mx, c, call
+
+    def _qdq_into_(self, x: torch.Tensor) -> bool:
+        """Overwrite ``x`` with the values ``self(x)`` would return, if that is safe and cheap; else False.
+
+        For a caller that owns ``x`` (a fresh op output nothing else refers to) and
+        only needs the values: it saves an allocation and a pass over memory. Done
+        only for :class:`QuantizeDequantize` itself (same dtype out as in), outside
+        autograd and calibration, for a plain contiguous floating-point ``x``, and
+        when no forward hook would miss the call. ``x`` is untouched when it
+        returns False; the caller then calls the quantizer as usual.
+        """
+        if (type(self) is not QuantizeDequantize or torch.is_grad_enabled() or self._calibrating
+                or type(x) is not torch.Tensor or not x.is_floating_point() or not x.is_contiguous()
+                or self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks_exist()):
+            return False
+        call = self._prepared_call(x)[3]
+        kernels.forward_raw(call.mode, x, call.scale, call.offset, call.plan, call.out_dtype, flat=call.flat, out=x)
+        return True
 
     _mode: int
 
@@ -417,6 +442,12 @@ class QuantizeDequantize(AffineQuantizerBase):
 
     def _wrap_output(self, y, enc):
         return DequantizedTensor._wrap(y, enc)
+
+
+def _global_forward_hooks_exist() -> bool:
+    # torch keeps hooks registered with nn.modules.module.register_module_forward_(pre_)hook in these dicts
+    from torch.nn.modules import module as nn_module
+    return bool(getattr(nn_module, "_global_forward_hooks", None) or getattr(nn_module, "_global_forward_pre_hooks", None))
 
 
 class _QParams:
