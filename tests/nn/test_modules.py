@@ -353,3 +353,65 @@ def test_concat_quantizer_count_must_match_inputs():
     cat.input_quantizers[0] = qnn.default_activation_quantizer()
     with pytest.raises(ValueError, match="resize input_quantizers"):
         cat(torch.randn(2), torch.randn(3))
+
+
+# -------------------------------------------------------------- ReLU + output quantizer as one node (training)
+def _relu_pair(learn_range: bool = False, input_quantizer: bool = False):
+    fused = qnn.from_module(nn.ReLU())
+    fused.output_quantizers[0].set_range(0.0, 1.5)
+    if input_quantizer:
+        fused.input_quantizers[0] = qnn.default_activation_quantizer()
+        fused.input_quantizers[0].set_range(-2.0, 2.0)
+    fused.output_quantizers[0].requires_grad_(learn_range)
+    fused.plain_outputs = True
+    reference = copy.deepcopy(fused)
+    reference.plain_outputs = False  # the two-step path: ReLU, then the quantizer module
+    return fused, reference
+
+
+def _saved_bytes(fn) -> int:
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("input_quantizer", [False, True])
+def test_relu_with_output_quantizer_is_one_node_with_the_same_values_and_gradients(input_quantizer):
+    fused, reference = _relu_pair(input_quantizer=input_quantizer)
+    x = torch.tensor([-1.0, -0.0, 0.0, 0.004, 0.3, 1.2, 1.5, 1.6, 3.0, float("nan")]).repeat(10)
+    x = torch.cat([x, 2 * torch.randn(900, generator=torch.Generator().manual_seed(0))]).requires_grad_()
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    y = fused(x)
+    assert type(y) is torch.Tensor and type(y.grad_fn).__name__ == "_ReluQDQBackward"
+    (dx,) = torch.autograd.grad(y, x, grad)
+    y_ref = reference(x)
+    (dx_ref,) = torch.autograd.grad(y_ref, x, grad)
+    assert torch.equal(torch.nan_to_num(y), torch.nan_to_num(_plain(y_ref)))  # NaN in, NaN out on both paths
+    assert torch.equal(y.isnan(), _plain(y_ref).isnan())
+    assert torch.equal(dx, dx_ref)
+
+
+def test_fused_relu_keeps_one_byte_per_element_for_backward():
+    fused, reference = _relu_pair()
+    x = torch.randn(4096, requires_grad=True)
+    h = x * 1.0  # a non-leaf input, as inside a network
+    assert _saved_bytes(lambda: fused(h)) == 4096  # the combined bool mask
+    assert _saved_bytes(lambda: reference(h)) == 4096 * 4 + 4096  # ReLU's float output + the quantizer's mask
+
+
+def test_relu_with_learned_range_takes_the_two_step_path():
+    fused, reference = _relu_pair(learn_range=True)
+    x = torch.randn(256, requires_grad=True)
+    y = fused(x)
+    assert type(y.grad_fn).__name__ != "_ReluQDQBackward"
+    y.sum().backward()
+    q = fused.output_quantizers[0]
+    assert q.max.grad is not None and float(q.max.grad.abs().sum()) > 0
+    reference(x).sum().backward()
+    assert torch.equal(q.max.grad, reference.output_quantizers[0].max.grad)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quanta.kernels.range_affine import relu_quantize_dequantize
 from quanta.nn.base import QuantizationMixin, plain, qdq
 from quanta.nn.functional import Add, Concat, MatMul, Multiply
 from quanta.quantization.affine import QuantizeDequantize
@@ -218,7 +219,23 @@ class _QuantizedElementwise(QuantizationMixin):
 
 
 class QuantizedReLU(_QuantizedElementwise, nn.ReLU):
-    """Quantized :class:`torch.nn.ReLU`."""
+    """Quantized :class:`torch.nn.ReLU`.
+
+    In training inside a QuantizationSimModel (``plain_outputs``), ReLU and a
+    fixed-range output quantizer run as one autograd node that keeps one byte
+    per element for backward (ReLU alone keeps its float output).
+    """
+
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        q = self.output_quantizers[0]
+        if (len(inputs) == 1 and self.plain_outputs and not self.inplace and torch.is_grad_enabled()
+                and q is not None and getattr(q, "_direct_call", None) is not None):
+            x = self._qinput(0, inputs[0])
+            call = q._direct_call(x)
+            if call is not None:
+                return relu_quantize_dequantize(x, call)
+            return self._qoutput(F.relu(x), owned=True)
+        return super().forward(*inputs)
 
 
 class QuantizedGELU(_QuantizedElementwise, nn.GELU):

@@ -333,21 +333,33 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
                                           c.scale, c.offset)
         return mn, mx, c, call
 
+    def _direct_call(self, x: torch.Tensor) -> RangeCall | None:
+        """The prepared kernel call if ``self(x)`` is nothing but that kernel call on a plain tensor; else None.
+
+        That is: :class:`QuantizeDequantize` itself (same dtype out as in), not
+        calibrating, no forward hook that would miss the call, a plain contiguous
+        floating-point ``x``, and (with autograd on) no gradient wanted for the range.
+        """
+        if (type(self) is not QuantizeDequantize or self._calibrating or type(x) is not torch.Tensor
+                or not x.is_floating_point() or not x.is_contiguous()
+                or self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks_exist()):
+            return None
+        mn, mx, _, call = self._prepared_call(x)
+        if torch.is_grad_enabled() and (mn.requires_grad or mx.requires_grad):
+            return None
+        return call
+
     def _qdq_into_(self, x: torch.Tensor) -> bool:
         """Overwrite ``x`` with the values ``self(x)`` would return, if that is safe and cheap; else False.
 
         For a caller that owns ``x`` (a fresh op output nothing else refers to) and
         only needs the values: it saves an allocation and a pass over memory. Done
-        only for :class:`QuantizeDequantize` itself (same dtype out as in), outside
-        autograd and calibration, for a plain contiguous floating-point ``x``, and
-        when no forward hook would miss the call. ``x`` is untouched when it
-        returns False; the caller then calls the quantizer as usual.
+        outside autograd only, when :meth:`_direct_call` gives a call. ``x`` is
+        untouched when it returns False; the caller then calls the quantizer as usual.
         """
-        if (type(self) is not QuantizeDequantize or torch.is_grad_enabled() or self._calibrating
-                or type(x) is not torch.Tensor or not x.is_floating_point() or not x.is_contiguous()
-                or self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks_exist()):
+        call = None if torch.is_grad_enabled() else self._direct_call(x)
+        if call is None:
             return False
-        call = self._prepared_call(x)[3]
         kernels.forward_raw(call.mode, x, call.scale, call.offset, call.plan, call.out_dtype, flat=call.flat, out=x)
         return True
 
