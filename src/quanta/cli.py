@@ -3,7 +3,9 @@
 ``quanta demo`` runs the main job (see :mod:`quanta.tools.demo`); ``quanta inspect FILE``
 describes an encodings, ONNX or safetensors file (:mod:`quanta.tools.inspect_file`);
 ``quanta quantize MODEL --calib DATA --out DIR`` calibrates a saved model and writes its
-encodings, ONNX graph and fake-quantized weights (:mod:`quanta.tools.quantize_model`).
+encodings, ONNX graph and fake-quantized weights (:mod:`quanta.tools.quantize_model`);
+``quanta bench MODEL --data DATA`` compares simulated and real-storage quantization schemes on that model
+(output SQNR, weight bytes, latency; :mod:`quanta.tools.bench_model`).
 Errors print one line and exit with status 2 (bad usage or input) or 1 (failure);
 ``--debug`` shows the traceback.
 """
@@ -89,6 +91,23 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from quanta.tools.bench_model import BenchConfig, bench_model, format_bench
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    cfg = _with_overrides(BenchConfig(), model_class=args.model_class, batch_size=args.batch_size,
+                          num_batches=args.num_batches, config_file=Path(args.config) if args.config else None)
+    cfg = replace(cfg, progress=not args.no_progress)
+    result = bench_model(args.model, args.data, cfg, eval_path=args.eval)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_bench(result))
+    return 0
+
+
 def _parsed(parse):  # a tools/ parser as an argparse type: its ValueError becomes a one-line usage error
     def convert(text: str):
         try:
@@ -150,6 +169,26 @@ def build_parser() -> argparse.ArgumentParser:
     quantize.add_argument("--no-progress", action="store_true", help="no progress bar")
     quantize.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
     quantize.set_defaults(func=_cmd_quantize)
+
+    bench = sub.add_parser("bench", help="compare quantization schemes on a saved model: SQNR, weight bytes, latency")
+    bench.add_argument("model", metavar="MODEL",
+                       help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
+    bench.add_argument("--data", required=True, metavar="DATA",
+                       help="calibration inputs, as quantize's --calib: a tensor in a .pt file (or a dict with "
+                            "'x'/'inputs') or a .npy")
+    bench.add_argument("--eval", metavar="DATA2",
+                       help="evaluation inputs for the SQNR and the latency (default: all of --data)")
+    bench.add_argument("--model-class", type=_parsed(qm.check_model_class),
+                       metavar="MODULE:CLASS", help="the nn.Module class of a state dict, e.g. mypkg.nets:TinyNet")
+    bench.add_argument("--config", metavar="CFG", help="quantsim config file of the W8A8 row; default: built in")
+    bench.add_argument("--batch-size", type=_positive_int,
+                       help=f"batch size (default {qm.DEFAULT_BATCH_SIZE}, or a torch.export program's static "
+                            "batch size)")
+    bench.add_argument("--num-batches", type=_positive_int, help="calibrate on the first N batches (default all)")
+    bench.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--json", action="store_true", help="print the rows and notes as JSON")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from quanta.tools.measure import sqnr_db, time_ratio, weight_bytes
 
 __all__ = ["DemoConfig", "DemoRow", "DigitsCNN", "format_table", "load_digits_data", "run_demo"]
 
@@ -114,52 +115,6 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((model(x).argmax(dim=1) == y).float().mean())
 
 
-@torch.no_grad()
-def _forward_time(model: nn.Module, x: torch.Tensor, reps: int = 20) -> float:
-    model.eval()
-    model(x)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        model(x)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def _time_ratio(model: nn.Module, baseline: nn.Module, x: torch.Tensor, rounds: int = 3) -> float:
-    # alternate the two so both see the same machine load; keep the best of each
-    t_model = min(_forward_time(model, x, reps=7) for _ in range(rounds))
-    t_base = min(_forward_time(baseline, x, reps=7) for _ in range(rounds))
-    return t_model / t_base
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes to store the model's parameters as quantized: ``bits/8`` per quantized element plus
-    4 bytes per scale (and per non-zero offset); float32 for parameters without a quantizer."""
-    from quanta.nn import QuantizationMixin
-    from quanta.quantization import QuantizerBase
-
-    total = 0
-    seen = {id(p) for m in model.modules() if isinstance(m, QuantizerBase) for p in m.parameters()}  # ranges
-    for module in model.modules():
-        if isinstance(module, QuantizationMixin):
-            for name, p in module.named_parameters(recurse=False):
-                seen.add(id(p))
-                q = module.param_quantizers[name] if name in module.param_quantizers else None
-                if q is None:
-                    total += p.numel() * p.element_size()
-                    continue
-                enc = q.get_encodings()
-                bits = enc.bitwidth
-                n_scales = enc.scale.numel()
-                offsets = int((enc.offset != 0).sum()) if hasattr(enc, "offset") else 0
-                total += (p.numel() * bits + 7) // 8 + 4 * (n_scales + offsets)
-    for p in model.parameters():
-        if id(p) not in seen:
-            total += p.numel() * p.element_size()
-    return total
-
-
 @dataclass
 class _Scheme:
     name: str
@@ -182,11 +137,6 @@ def _schemes() -> list[_Scheme]:
         _Scheme("FP8 e4m3 W+A", {"default_data_type": float, "default_param_bw": 8, "default_output_bw": 8}),
         _Scheme("W4A8 QAT", {"default_param_bw": 4, "quant_scheme": "range_learning_min_max"}, qat=True),
     ]
-
-
-def _sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return float(10 * torch.log10(ref.pow(2).sum() / (out - ref).pow(2).sum().clamp_min(1e-300)))
 
 
 def run_demo(cfg: DemoConfig = DemoConfig(), *, log: Callable[[str], None] = print) -> list[DemoRow]:
@@ -216,9 +166,9 @@ def run_demo(cfg: DemoConfig = DemoConfig(), *, log: Callable[[str], None] = pri
         with torch.no_grad():
             out = sim.model(x_test)
         # after QAT the weights differ from the float model's: SQNR against it would measure retraining
-        sqnr = float("nan") if scheme.qat else _sqnr_db(ref, out)
+        sqnr = float("nan") if scheme.qat else sqnr_db(ref, out)
         rows.append(DemoRow(scheme.name, _accuracy(sim.model, x_test, y_test), weight_bytes(sim.model),
-                            _time_ratio(sim.model, model, x_test), sqnr))
+                            time_ratio(sim.model, model, x_test), sqnr))
         if scheme.name == "W8A8 per-channel":
             report_sim = sim
         bar.advance()

@@ -52,19 +52,23 @@ from torch import fx, nn
 
 from quanta.export.encodings import EncodingsVersion
 from quanta.quantsim.scheme import QuantScheme
+from quanta.tools.measure import flat_outputs, sqnr_db
 
 __all__ = [
     "LoadedModel",
+    "PreparedModel",
     "QuantizeConfig",
     "QuantizeResult",
     "check_model_class",
     "format_summary",
     "load_calibration",
     "load_model",
+    "load_quantsim_config",
     "parse_bitwidth",
     "parse_encoding_version",
     "parse_model_class",
     "parse_scheme",
+    "prepare_model_and_batches",
     "quantize_model",
 ]
 
@@ -218,8 +222,8 @@ _TORCHSCRIPT = ("MODEL {path} is a TorchScript module; TorchScript modules canno
 def load_model(path: str | os.PathLike, model_class: str | None = None) -> LoadedModel:
     """The float model in ``path`` (see the module docstring), in eval mode.
 
-    A torch.export program comes as its ``.module()`` (aten calls); :func:`quantize_model` then rebuilds
-    modules from it with ``_lift_exported``.
+    A torch.export program comes as its ``.module()`` (aten calls); :func:`prepare_model_and_batches` then
+    rebuilds modules from it with ``_lift_exported``.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -752,14 +756,15 @@ def _ensure_parents(gm: nn.Module, path: str) -> None:
 
 
 # ---------------------------------------------------------------------- calibration data
-def load_calibration(path: str | os.PathLike) -> torch.Tensor:
+def load_calibration(path: str | os.PathLike, arg: str = "--calib") -> torch.Tensor:
     """The calibration tensor in ``path``: ``.npy`` (no pickle) or ``.pt`` (a tensor, or a dict with ``"x"`` /
-    ``"inputs"``, loaded with ``torch.load(weights_only=True)``); the format is told by content."""
+    ``"inputs"``, loaded with ``torch.load(weights_only=True)``); the format is told by content. Error messages
+    name the file as ``arg`` (the CLI flag it came from)."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"--calib file not found: {path}")
+        raise FileNotFoundError(f"{arg} file not found: {path}")
     if os.path.isdir(path):
-        raise ValueError(f"--calib {path} is a directory; pass a .pt or .npy file")
+        raise ValueError(f"{arg} {path} is a directory; pass a .pt or .npy file")
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic == b"\x93NUMPY":
@@ -768,38 +773,38 @@ def load_calibration(path: str | os.PathLike) -> torch.Tensor:
         try:
             array = np.load(path, allow_pickle=False)
         except ValueError as e:
-            raise ValueError(f"--calib {path}: {_first_line(e)} (object arrays need pickle, which quanta does not "
+            raise ValueError(f"{arg} {path}: {_first_line(e)} (object arrays need pickle, which quanta does not "
                              "load; save a numeric array)") from None
         if array.dtype.kind not in "fiub":
-            raise ValueError(f"--calib {path}: a {array.dtype} array; expected numbers")
+            raise ValueError(f"{arg} {path}: a {array.dtype} array; expected numbers")
         data = torch.from_numpy(np.ascontiguousarray(array))
     elif zipfile.is_zipfile(path):
         names = _zip_names(path) or []
         if _archive_kind(names) != "torch_save":
-            raise ValueError(f"--calib {path} is a torch archive but not a torch.save file of a tensor")
+            raise ValueError(f"{arg} {path} is a torch archive but not a torch.save file of a tensor")
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001
-            raise ValueError(f"--calib {path} holds pickled Python objects{_pickled(e)}, which quanta does not "
+            raise ValueError(f"{arg} {path} holds pickled Python objects{_pickled(e)}, which quanta does not "
                              "unpickle (torch.load(weights_only=True)); save a tensor") from None
-        data = _tensor_of(obj, path)
+        data = _tensor_of(obj, path, arg)
     else:
-        raise ValueError(f"--calib {path}: not a .pt (torch.save) or .npy file")
+        raise ValueError(f"{arg} {path}: not a .pt (torch.save) or .npy file")
     if data.dim() == 0 or data.shape[0] == 0:
-        raise ValueError(f"--calib {path}: need samples along dim 0, got a tensor of shape {tuple(data.shape)}")
+        raise ValueError(f"{arg} {path}: need samples along dim 0, got a tensor of shape {tuple(data.shape)}")
     return data
 
 
-def _tensor_of(obj: Any, path: str) -> torch.Tensor:
+def _tensor_of(obj: Any, path: str, arg: str) -> torch.Tensor:
     if isinstance(obj, torch.Tensor):
         return obj
     if isinstance(obj, dict):
         for key in ("x", "inputs"):
             if isinstance(obj.get(key), torch.Tensor):
                 return obj[key]
-        raise ValueError(f"--calib {path}: a dict without an 'x' or 'inputs' tensor (keys: "
+        raise ValueError(f"{arg} {path}: a dict without an 'x' or 'inputs' tensor (keys: "
                          f"{_shortlist([str(k) for k in obj])})")
-    raise ValueError(f"--calib {path}: expected a tensor or a dict with an 'x'/'inputs' tensor, got "
+    raise ValueError(f"{arg} {path}: expected a tensor or a dict with an 'x'/'inputs' tensor, got "
                      f"{type(obj).__name__}")
 
 
@@ -829,87 +834,151 @@ class QuantizeResult:
     left: dict[str, int] = field(default_factory=dict)
 
 
-def _sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    noise = (out - ref).pow(2).sum()
-    if float(noise) == 0:
-        return math.inf
-    return float(10 * torch.log10(ref.pow(2).sum() / noise))
-
-
-def _outputs(out: Any) -> torch.Tensor:
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not leaves:
-        raise ValueError("the model returns no floating-point tensor to compare")
-    return torch.cat([t.detach().as_subclass(torch.Tensor).reshape(-1) for t in leaves])
-
-
-def _run(model: nn.Module, x: torch.Tensor, what: str) -> Any:
+def _run(model: nn.Module, x: torch.Tensor, what: str, arg: str = "--calib") -> Any:
     try:
         with torch.no_grad():
             return model(x)
     except Exception as e:  # noqa: BLE001  (shape/dtype mismatch between DATA and MODEL)
         raise ValueError(f"the model rejects {what} of shape {tuple(x.shape)} and dtype "
-                         f"{str(x.dtype).removeprefix('torch.')} from --calib: {_first_line(e)}") from None
+                         f"{str(x.dtype).removeprefix('torch.')} from {arg}: {_first_line(e)}") from None
 
 
-def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike, out_dir: str | os.PathLike,
-                   cfg: QuantizeConfig = QuantizeConfig(), *, log: Callable[[str], None] = print) -> QuantizeResult:
-    """Load, calibrate, write (see the module docstring); ``log`` gets notes and warnings, one line each, once
-    everything is written (a failed run raises and logs nothing)."""
-    from quanta.quantsim import QuantizationSimModel, QuantSimConfig
+def load_quantsim_config(path: str | os.PathLike | None) -> Any:
+    """``--config``: the :class:`~quanta.quantsim.QuantSimConfig` in ``path`` (None: None, the built-in default)."""
+    from quanta.quantsim import QuantSimConfig
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    config = None
-    if cfg.config_file is not None:
-        if not os.path.isfile(cfg.config_file):
-            raise FileNotFoundError(f"--config file not found: {cfg.config_file}")
-        try:
-            config = QuantSimConfig.load(cfg.config_file)
-        except ValueError as e:  # names the file and the key
-            raise ValueError(f"--config {_first_line(e)}") from None
-    data = load_calibration(calib_path)
-    notes: list[str] = []
-    warned: list[warnings.WarningMessage] = []  # logged at the end: a failed run prints only its error
-    loaded = load_model(model_path, cfg.model_class)
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--config file not found: {path}")
+    try:
+        return QuantSimConfig.load(path)
+    except ValueError as e:  # names the file and the key
+        raise ValueError(f"--config {_first_line(e)}") from None
+
+
+@dataclass
+class PreparedModel:
+    """A loaded float model and its data split into batches (:func:`prepare_model_and_batches`).
+
+    Attributes:
+        loaded: the model (a torch.export program's aten calls already rebuilt as modules).
+        batches: the calibration batches (the first ``num_batches``); ``batches[0]`` is the dummy input.
+        eval_batches: with ``evaluate``, every batch of the evaluation data (``eval_path``, or all of the
+            calibration data when there is none); else ``batches``.
+        batch_size: the batch size used.
+        notes: what was adapted (dtype casts, dropped last batches), one line each.
+    """
+
+    loaded: LoadedModel
+    batches: list[torch.Tensor]
+    eval_batches: list[torch.Tensor]
+    batch_size: int
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare_model_and_batches(model_path: str | os.PathLike, data_path: str | os.PathLike, *,
+                              model_class: str | None = None, batch_size: int | None = None,
+                              num_batches: int | None = None, evaluate: bool = False,
+                              eval_path: str | os.PathLike | None = None, data_arg: str = "--calib",
+                              eval_arg: str = "--eval") -> PreparedModel:
+    """Load the data and the model as ``quanta quantize`` does and split the data into batches.
+
+    ``batch_size`` None: :data:`DEFAULT_BATCH_SIZE`, or the static batch size of a ``torch.export`` program
+    (whose last, smaller batch is then dropped); a program's static input shape is checked against the data.
+    Floating-point data is cast to the model's dtype. The model is run on the first and the last batch
+    of each data set so that data that does not fit fails here, naming ``data_arg`` / ``eval_arg``.
+    ``evaluate``: also split the evaluation data (``eval_path``, else all of ``data_path``) into
+    ``eval_batches``; otherwise ``eval_batches`` is ``batches``.
+    """
+    data = load_calibration(data_path, data_arg)
+    eval_data = load_calibration(eval_path, eval_arg) if evaluate and eval_path is not None else None
+    loaded = load_model(model_path, model_class)
     dtype = next((p.dtype for p in loaded.model.parameters() if p.is_floating_point()), torch.float32)
-    if data.is_floating_point() and data.dtype != dtype:
-        notes.append(f"calibration data cast from {str(data.dtype).removeprefix('torch.')} to "
-                     f"{str(dtype).removeprefix('torch.')}")
-        data = data.to(dtype)
+    notes: list[str] = []
 
-    batch_size = cfg.batch_size
-    if loaded.input_shape is not None:
-        static = loaded.input_shape
-        if len(static) != data.dim() or any(s is not None and s != d for s, d in zip(static[1:], data.shape[1:])):
-            shown = tuple("?" if s is None else s for s in static)
-            raise ValueError(f"--calib samples have shape {tuple(data.shape[1:])} but the torch.export program takes "
-                             f"input of shape {shown}: the data does not fit the model")
+    def cast(x: torch.Tensor, arg: str) -> torch.Tensor:
+        if x.is_floating_point() and x.dtype != dtype:
+            what = "calibration" if arg == "--calib" else arg
+            notes.append(f"{what} data cast from {str(x.dtype).removeprefix('torch.')} to "
+                         f"{str(dtype).removeprefix('torch.')}")
+            x = x.to(dtype)
+        return x
+
+    data = cast(data, data_arg)
+    if eval_data is not None:
+        eval_data = cast(eval_data, eval_arg)
+
+    static = loaded.input_shape
+    if static is not None:
+        for x, arg in ((data, data_arg), (eval_data, eval_arg)):
+            if x is not None and (len(static) != x.dim()
+                                  or any(s is not None and s != d for s, d in zip(static[1:], x.shape[1:]))):
+                shown = tuple("?" if s is None else s for s in static)
+                raise ValueError(f"{arg} samples have shape {tuple(x.shape[1:])} but the torch.export program takes "
+                                 f"input of shape {shown}: the data does not fit the model")
         if static[0] is not None:
             if batch_size is not None and batch_size != static[0]:
                 raise ValueError(f"the torch.export program was exported with a static batch size of {static[0]}: "
                                  f"pass --batch-size {static[0]} (or re-export with a dynamic batch dimension, "
                                  "torch.export.Dim)")
             batch_size = static[0]
-            if data.shape[0] < batch_size:
-                raise ValueError(f"--calib has {data.shape[0]} samples, fewer than the torch.export program's static "
-                                 f"batch size {batch_size}")
+            for x, arg in ((data, data_arg), (eval_data, eval_arg)):
+                if x is not None and x.shape[0] < batch_size:
+                    raise ValueError(f"{arg} has {x.shape[0]} samples, fewer than the torch.export program's static "
+                                     f"batch size {batch_size}")
     batch_size = batch_size or DEFAULT_BATCH_SIZE
-    batches = _batches(data, batch_size, cfg.num_batches)
-    if loaded.input_shape is not None and loaded.input_shape[0] is not None and batches[-1].shape[0] != batch_size:
-        notes.append(f"last batch of {batches[-1].shape[0]} samples dropped (the program's batch size is static)")
-        batches = batches[:-1]
+    fixed = static is not None and static[0] is not None
+
+    def split(x: torch.Tensor, limit: int | None, what: str) -> list[torch.Tensor]:
+        batches = _batches(x, batch_size, limit)
+        if fixed and batches[-1].shape[0] != batch_size:
+            notes.append(f"last {what}batch of {batches[-1].shape[0]} samples dropped (the program's batch size "
+                         "is static)")
+            batches = batches[:-1]
+        return batches
+
+    batches = split(data, num_batches, "")
+    if eval_data is not None:
+        eval_batches = split(eval_data, None, f"{eval_arg} ")
+    elif evaluate and num_batches is not None:
+        eval_batches = split(data, None, "evaluation ")
+    else:
+        eval_batches = batches
     dummy = batches[0]
 
     model = loaded.model
     if loaded.kind == "export":
-        _run(model, dummy, "calibration batches")
+        _run(model, dummy, "calibration batches", data_arg)
         loaded.lifted, loaded.left = _lift_exported(model, dummy)
-    reference = _outputs(_run(model, dummy, "calibration batches"))
+    _run(model, dummy, "calibration batches", data_arg)
     if len(batches) > 1 and batches[-1].shape != dummy.shape:
-        _run(model, batches[-1], "the last (smaller) calibration batch")
+        _run(model, batches[-1], "the last (smaller) calibration batch", data_arg)
+    if eval_data is not None:
+        _run(model, eval_batches[0], "evaluation batches", eval_arg)
+        if len(eval_batches) > 1 and eval_batches[-1].shape != eval_batches[0].shape:
+            _run(model, eval_batches[-1], "the last (smaller) evaluation batch", eval_arg)
+    elif eval_batches is not batches and eval_batches[-1].shape != dummy.shape:
+        _run(model, eval_batches[-1], "the last (smaller) batch", data_arg)
+    return PreparedModel(loaded, batches, eval_batches, batch_size, notes)
+
+
+def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike, out_dir: str | os.PathLike,
+                   cfg: QuantizeConfig = QuantizeConfig(), *, log: Callable[[str], None] = print) -> QuantizeResult:
+    """Load, calibrate, write (see the module docstring); ``log`` gets notes and warnings, one line each, once
+    everything is written (a failed run raises and logs nothing)."""
+    from quanta.quantsim import QuantizationSimModel
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    config = load_quantsim_config(cfg.config_file)
+    prepared = prepare_model_and_batches(model_path, calib_path, model_class=cfg.model_class,
+                                         batch_size=cfg.batch_size, num_batches=cfg.num_batches)
+    loaded, batches, dummy, model = prepared.loaded, prepared.batches, prepared.batches[0], prepared.loaded.model
+    notes: list[str] = list(prepared.notes)
+    warned: list[warnings.WarningMessage] = []  # logged at the end: a failed run prints only its error
+    reference = flat_outputs(_run(model, dummy, "calibration batches"))
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -937,7 +1006,7 @@ def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike,
     warned.extend(caught)
     with torch.no_grad():
         sim.model.eval()
-        sqnr = _sqnr_db(reference, _outputs(sim.model(dummy)))
+        sqnr = sqnr_db(reference, flat_outputs(sim.model(dummy)))
 
     version = cfg.encoding_version.value
     _check_version(sim, cfg.encoding_version)  # before anything is written
