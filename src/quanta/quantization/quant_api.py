@@ -53,7 +53,7 @@ from quanta.dtypes import (
 from quanta.dtypes.layouts import SUB_BYTE_DTYPES
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor, check_int8_dynamic_weight
 from quanta.kernels.int_linear import check_int4_cpu_shape
-from quanta.quantization.granularity import Granularity, PerAxis, PerGroup, PerRow, PerTensor, block_size_for
+from quanta.quantization.granularity import Granularity, PerAxis, PerRow, block_size_for
 from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
 
 __all__ = [
