@@ -341,6 +341,18 @@ def test_integer_only_quantizes_the_residual_adds_too():
     assert QuantSimConfig.load(quanta.quantsim.INTEGER_ONLY) == QuantSimConfig.load(default)  # nothing else differs
 
 
+def test_integer_only_shares_no_nested_dict_with_the_default():
+    def dicts(d, path=()):
+        if isinstance(d, dict):
+            yield path, d
+            for k, v in d.items():
+                yield from dicts(v, (*path, k))
+
+    mine = {id(d): p for p, d in dicts(quanta.quantsim.INTEGER_ONLY)}
+    shared = [p for p, d in dicts(BUILTIN_DEFAULT) if id(d) in mine]
+    assert shared == []  # a user editing one must not edit the other
+
+
 def test_add_then_relu_is_one_output_quantizer_either_way():
     class Residual(nn.Module):
         def __init__(self) -> None:

@@ -754,10 +754,8 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
 
 #: BUILTIN_DEFAULT with every activation quantized, elementwise adds included: what an integer-only
 #: backend runs (AIMET's default config on a model-prepared graph places the same quantizers).
-INTEGER_ONLY: Mapping[str, Any] = {
-    **BUILTIN_DEFAULT,
-    "op_type": {k: v for k, v in BUILTIN_DEFAULT["op_type"].items() if k != "Add"},
-}
+INTEGER_ONLY: Mapping[str, Any] = copy.deepcopy(  # its own nested dicts: editing one leaves the other alone
+    {**BUILTIN_DEFAULT, "op_type": {k: v for k, v in BUILTIN_DEFAULT["op_type"].items() if k != "Add"}})
 
 
 @functools.cache
