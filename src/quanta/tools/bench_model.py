@@ -71,13 +71,14 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One scheme: ``sqnr_db`` is None for the float baseline (``inf``: outputs identical to float's)."""
+    """One scheme: ``sqnr_db`` is None for the float baseline (``inf``: outputs identical to float's; ``nan``:
+    the float outputs are not finite); ``bytes_ratio`` is None when the float model stores no parameter."""
 
     scheme: str
     kind: str  # "float", "simulated" or "real storage"
     sqnr_db: float | None
     weight_bytes: int
-    bytes_ratio: float
+    bytes_ratio: float | None
     time_ratio: float
 
 
@@ -93,12 +94,14 @@ class BenchResult:
     batch_shape: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: non-finite SQNRs become None."""
+        """JSON-ready (strict JSON: no NaN/Infinity tokens): a non-finite SQNR becomes the string ``"inf"``
+        (outputs identical to float's), ``"-inf"`` (float outputs all zero) or ``"nan"``; None stays null
+        (the float baseline)."""
         rows = []
         for r in self.rows:
             d = asdict(r)
             if d["sqnr_db"] is not None and not math.isfinite(d["sqnr_db"]):
-                d["sqnr_db"] = None
+                d["sqnr_db"] = "nan" if math.isnan(d["sqnr_db"]) else ("inf" if d["sqnr_db"] > 0 else "-inf")
             rows.append(d)
         return {"rows": rows, "notes": list(self.notes), "eval_on_calibration_data": self.eval_on_calibration_data,
                 "calibration_batches": self.calibration_batches, "eval_batches": self.eval_batches,
@@ -162,13 +165,16 @@ def bench_model(model_path: str | os.PathLike, data_path: str | os.PathLike, cfg
                      "of --data)")
     timing_batch = eval_batches[0]
     reference = _eval_outputs(model, eval_batches)
+    if not bool(torch.isfinite(reference).all()):
+        notes.append("the float model's outputs on the evaluation data are not all finite (NaN or inf in the "
+                     "data?): SQNR is nan")
     base_bytes = weight_bytes(model)
-    rows = [BenchRow("float32", FLOAT, None, base_bytes, 1.0, 1.0)]
+    rows = [BenchRow("float32", FLOAT, None, base_bytes, 1.0 if base_bytes else None, 1.0)]
 
     def add(name: str, kind: str, candidate: nn.Module) -> None:
         out = _eval_outputs(candidate, eval_batches)
         nbytes = weight_bytes(candidate)
-        rows.append(BenchRow(name, kind, sqnr_db(reference, out), nbytes, nbytes / base_bytes,
+        rows.append(BenchRow(name, kind, sqnr_db(reference, out), nbytes, nbytes / base_bytes if base_bytes else None,
                              time_ratio(candidate, model, timing_batch)))
 
     real = _real_storage_configs()
@@ -226,7 +232,8 @@ def format_bench(result: BenchResult) -> str:
             sq = "inf"
         else:
             sq = f"{r.sqnr_db:.1f}"
-        lines.append(f"{r.scheme:<28} {r.kind:<13} {sq:>8} {r.weight_bytes:>15,} {r.bytes_ratio:>7.3f} "
+        ratio = "-" if r.bytes_ratio is None else f"{r.bytes_ratio:.3f}"
+        lines.append(f"{r.scheme:<28} {r.kind:<13} {sq:>8} {r.weight_bytes:>15,} {ratio:>7} "
                      f"{r.time_ratio:>7.2f}x")
     where = "the calibration data (--data)" if result.eval_on_calibration_data else "--eval"
     lines.append(f"calibrated on {result.calibration_batches} batches; SQNR vs float32 over {result.eval_batches} "

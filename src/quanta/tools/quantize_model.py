@@ -278,8 +278,9 @@ def _state_dict_of(obj: Any, path: str) -> dict[str, torch.Tensor]:
             if isinstance(obj.get(key), dict):
                 obj = obj[key]
                 break
-    if not isinstance(obj, dict) or not obj or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                                       for k, v in obj.items()):
+    # an empty dict is the state dict of a model without parameters or buffers
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                            for k, v in obj.items()):
         raise ValueError(f"MODEL {path} does not hold a state dict (a dict of names to tensors), got "
                          f"{type(obj).__name__}: save model.state_dict()")
     return obj
@@ -567,6 +568,15 @@ def _op_name(target: Any) -> str:
     return str(name)
 
 
+def _same_outputs(a: Any, b: Any) -> bool:
+    """Same structure and bit-identical tensors (NaN equal to NaN at the same place)."""
+    la, lb = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+    return len(la) == len(lb) and all(
+        (torch.equal(x, y) or (x.shape == y.shape and x.dtype == y.dtype and torch.equal(x.isnan(), y.isnan())
+                               and torch.equal(torch.nan_to_num(x), torch.nan_to_num(y))))
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x == y for x, y in zip(la, lb))
+
+
 def _lift_exported(gm: fx.GraphModule, example: torch.Tensor) -> tuple[dict[str, int], dict[str, int]]:
     """Rewrite the aten calls of ``ExportedProgram.module()`` as calls of ``torch.nn`` modules, in place.
 
@@ -580,6 +590,11 @@ def _lift_exported(gm: fx.GraphModule, example: torch.Tensor) -> tuple[dict[str,
     """
     with torch.no_grad():
         reference = gm(example)
+        again = gm(example)
+    if not _same_outputs(reference, again):
+        raise ValueError("the torch.export program gives different outputs on two runs with the same input "
+                         "(dropout or other randomness exported in training mode?): call model.eval() before "
+                         "torch.export.export")
     lifted: dict[str, int] = {}
     left: dict[str, int] = {}
     created: dict[str, nn.Module] = {}
@@ -602,11 +617,7 @@ def _lift_exported(gm: fx.GraphModule, example: torch.Tensor) -> tuple[dict[str,
     gm.recompile()
     with torch.no_grad():
         out = gm(example)
-    ref_leaves = torch.utils._pytree.tree_leaves(reference)
-    out_leaves = torch.utils._pytree.tree_leaves(out)
-    same = len(ref_leaves) == len(out_leaves) and all(
-        torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(ref_leaves, out_leaves))
-    if not same:  # pragma: no cover - a bug in the tables above
+    if not _same_outputs(reference, out):  # pragma: no cover - a bug in the tables above
         raise RuntimeError("rebuilding modules from the torch.export program changed its outputs (a quanta bug, "
                            "please report it); pass the state dict with --model-class instead")
     return lifted, left

@@ -227,10 +227,13 @@ def straight_through(grad: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``torch.where(mask, grad, 0.0)``: the straight-through backward, in one pass where possible.
 
     Native for contiguous CPU float tensors with a bool mask of the same shape
-    (bit-identical to ``torch.where``, zeros are +0.0); ``torch.where`` otherwise.
+    (bit-identical to ``torch.where``, zeros are +0.0); ``torch.where`` otherwise,
+    and always when autograd records ``grad`` (a backward with ``create_graph=True``:
+    the result must stay differentiable w.r.t. ``grad``, e.g. for gradient penalties).
     """
     lib = library()
-    if (lib is None or grad.device.type != "cpu" or mask.dtype != torch.bool or grad.shape != mask.shape
+    if (lib is None or (grad.requires_grad and torch.is_grad_enabled()) or grad.device.type != "cpu"
+            or mask.dtype != torch.bool or grad.shape != mask.shape
             or grad.element_size() not in (2, 4, 8) or not grad.is_floating_point()):
         return torch.where(mask, grad, 0.0)
     g = grad if grad.is_contiguous() else grad.contiguous()
