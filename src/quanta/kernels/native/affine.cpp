@@ -202,6 +202,18 @@ inline void fwd_compute(const C* __restrict x, C* __restrict y, uint8_t* __restr
                         const C* __restrict sp, const C* __restrict op, C qmin, C qmax, const Fmt& fmt) {
   const C s0 = sp[0], o0 = op[0];
   const FmtF fmtf(fmt);
+  if constexpr (MODE == FLOAT_QDQ && std::is_same<C, float>::value) {
+    if (fmt.mbits) {  // the bit-pattern path in a loop of its own, so that it vectorizes
+      const float fm = static_cast<float>(fmt.fmax);
+      for (int64_t i = 0; i < n; ++i) {
+        const float s = VEC ? sp[i] : s0;
+        const float v = x[i] / s;
+        if (MASK) mask[i] = static_cast<uint8_t>(std::fabs(v) <= fm);
+        y[i] = float_cast_f32(v, fmtf) * s;
+      }
+      return;
+    }
+  }
   for (int64_t i = 0; i < n; ++i) {
     const C s = VEC ? sp[i] : s0;
     const C o = VEC ? op[i] : o0;
