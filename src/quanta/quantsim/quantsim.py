@@ -103,7 +103,9 @@ class QuantizationSimModel:
         config_file: a quantsim config (path to JSON/YAML, a dict, or a
             :class:`~quanta.quantsim.QuantSimConfig`); None gives the default:
             weights signed symmetric per output channel, activations asymmetric
-            per tensor, bias and BatchNorm parameters off, supergroups
+            per tensor except the outputs of elementwise adds (the residual
+            stream stays in float; :data:`~quanta.quantsim.INTEGER_ONLY` quantizes
+            them too), bias and BatchNorm parameters off, supergroups
             Conv/Linear/Add + ReLU and Conv + BatchNorm (see docs/quantsim_config.md).
         default_data_type: ``int`` (integer grids) or ``float`` (16 bits: float16;
             8 bits: float8 e4m3fn).
