@@ -15,6 +15,7 @@ See :class:`QuantizationSimModel`, :mod:`quanta.quantsim.config` for the config
 file, :mod:`quanta.quantsim.preparer` for how functional ops are made quantizable.
 """
 
+from quanta.quantsim.batch_norm_fold import fold_all_batch_norms
 from quanta.quantsim.config import (
     INTEGER_ONLY,
     DataType,
@@ -37,6 +38,7 @@ __all__ = [
     "QuantSimConfig",
     "QuantizationSimModel",
     "QuantizerSpec",
+    "fold_all_batch_norms",
     "op_types_of",
     "prepare_model",
 ]
