@@ -84,7 +84,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
                          encoding_version=args.encoding_version, model_class=args.model_class,
                          batch_size=args.batch_size, num_batches=args.num_batches,
                          config_file=Path(args.config) if args.config else None)
-    cfg = _with_overrides(cfg, onnx=not args.no_onnx, progress=not args.no_progress)
+    cfg = _with_overrides(cfg, onnx=not args.no_onnx, progress=not args.no_progress, fold_batch_norms=args.fold_bn)
     result = quantize_model(args.model, args.calib, args.out, cfg,
                             log=lambda msg: print(f"quanta quantize: {msg}", file=sys.stderr))
     print(format_summary(result))
@@ -165,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"calibration batch size (default {qm.DEFAULT_BATCH_SIZE}, or a torch.export "
                                "program's static batch size)")
     quantize.add_argument("--num-batches", type=_positive_int, help="calibrate on the first N batches (default all)")
+    quantize.add_argument("--fold-bn", action="store_true",
+                          help="fold BatchNorm layers into the Conv/Linear next to them first, as a device does "
+                               "(the written weights and graph are the folded model's)")
     quantize.add_argument("--no-onnx", action="store_true", help="write model.encodings without model.onnx")
     quantize.add_argument("--no-progress", action="store_true", help="no progress bar")
     quantize.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")

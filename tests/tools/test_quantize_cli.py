@@ -398,3 +398,26 @@ def test_lifted_program_quantizes_like_the_python_model(tmp_path):
     a, b = _sim(gm, [x]), _sim(model, [x])
     assert torch.equal(a.model(x), b.model(x))  # same quantizers in the same places, same encodings
     assert len(list(a.named_quantizers())) == len(list(b.named_quantizers()))
+
+
+def test_fold_bn_writes_the_folded_model(tmp_path, monkeypatch, capsys):
+    onnx = pytest.importorskip("onnx")
+    torch.manual_seed(0)
+    model = nn.Sequential(_Block(), nn.Flatten(), nn.Linear(8 * 16, 4)).eval()
+    with torch.no_grad():
+        model[0].seq[1].running_mean.normal_()
+        model[0].seq[1].running_var.uniform_(0.5, 2.0)
+    x = torch.randn(32, 3, 4, 4)
+    torch.export.save(torch.export.export(model, (x[:8],)), tmp_path / "m.pt2")
+    torch.save(x, tmp_path / "calib.pt")
+    monkeypatch.chdir(tmp_path)
+    ops = {}
+    for flag in ([], ["--fold-bn"]):
+        out = f"out{len(flag)}"
+        assert main(["quantize", "m.pt2", "--calib", "calib.pt", "--out", out, "--no-progress", *flag]) == 0
+        captured = capsys.readouterr()
+        ops[bool(flag)] = {n.op_type for n in onnx.load(tmp_path / out / "model.onnx").graph.node}
+        if flag:
+            assert "folded 1 BatchNorm layer(s)" in captured.err
+    assert "BatchNormalization" in ops[False] and "BatchNormalization" not in ops[True]
+    assert "Conv" in ops[True]

@@ -78,7 +78,11 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
     """``model.eval()`` inside the block; on exit every submodule gets back its own train/eval flag
     (``model.train(old)`` would set one flag for all, un-freezing a deliberately frozen BatchNorm)."""
     modes = {m: m.training for m in model.modules()}
-    model.eval()
+    try:
+        model.eval()
+    except NotImplementedError:  # a torch.export program's module refuses eval(): set the flags one by one
+        for m in modes:
+            m.training = False
     try:
         yield
     finally:

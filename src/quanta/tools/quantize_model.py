@@ -100,6 +100,7 @@ class QuantizeConfig:
     num_batches: int | None = None
     onnx: bool = True
     progress: bool = True
+    fold_batch_norms: bool = False
 
 
 # ---------------------------------------------------------------------- parsing the CLI's strings (once)
@@ -990,6 +991,15 @@ def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike,
     notes: list[str] = list(prepared.notes)
     warned: list[warnings.WarningMessage] = []  # logged at the end: a failed run prints only its error
     reference = flat_outputs(_run(model, dummy, "calibration batches"))
+    if cfg.fold_batch_norms:
+        from quanta.quantsim import fold_all_batch_norms
+
+        try:
+            pairs = fold_all_batch_norms(model, dummy_input=dummy)
+        except TypeError as e:  # the model cannot be traced: nothing was folded
+            raise ValueError(f"--fold-bn: {_first_line(e)}") from None
+        notes.append(f"folded {len(pairs)} BatchNorm layer(s) into the Conv/Linear layers next to them" if pairs
+                     else "--fold-bn: no BatchNorm could be folded (none follows or precedes a Conv/Linear alone)")
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
