@@ -284,11 +284,11 @@ def test_value_changing_ops_without_counterpart_are_listed():
             a = torch.exp(x)
             b = x / y
             c = x - y
-            d = torch.tanh(y)
+            d = torch.erf(y)
             return a + b + c + d
 
     prepared = _prepare_quietly(M(), (X, Y))
-    assert prepared.float_ops == ["exp", "truediv", "sub", "tanh"]
+    assert prepared.float_ops == ["exp", "truediv", "sub", "erf"]
     assert [n for n, _ in prepared.inserted] == ["add", "add_1", "add_2"]
     assert torch.equal(prepared.model(X, Y), M()(X, Y))
 
@@ -407,3 +407,83 @@ def test_prepared_copy_is_independent():
     prepared = _prepare_quietly(Fn(lambda x, y: torch.softmax(x @ y, dim=-1)), (X, YT))
     clone = copy.deepcopy(prepared.model)
     assert torch.equal(clone(X, YT), prepared.model(X, YT))
+
+
+# -- models plain torch.fx cannot trace, traced with the dummy input's dtypes --------------------------------
+class _MaskedEncoderLayer(nn.Module):
+    """Hugging Face style: an additive mask built with torch.finfo(x.dtype), positions made on x.device."""
+
+    def __init__(self, d: int = 16, vocab: int = 50) -> None:
+        super().__init__()
+        self.word = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(32, d)
+        self.bn = nn.BatchNorm1d(d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, input_ids, attention_mask):
+        t = input_ids.shape[1]
+        x = self.word(input_ids) + self.pos(torch.arange(t, device=input_ids.device))
+        x = self.bn(x.transpose(1, 2)).transpose(1, 2)
+        if x.dim() != 3:  # answered from the dummy input's rank
+            raise ValueError("expected (batch, seq, dim)")
+        mask = (1.0 - attention_mask[:, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        s = torch.matmul(self.q(x), self.k(x).transpose(-1, -2)) + mask
+        return torch.tanh(torch.matmul(torch.softmax(s, dim=-1), self.v(x)))
+
+
+def _masked_inputs():
+    ids = torch.randint(0, 50, (3, 7), generator=_gen(4))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[:, 5:] = 0
+    return ids, mask
+
+
+def test_dtype_and_device_questions_are_answered_from_the_dummy_input():
+    torch.manual_seed(0)
+    model = _MaskedEncoderLayer().train()  # training mode: tracing must not update the BatchNorm statistics
+    args = _masked_inputs()
+    before, inputs_before = _snapshot(model), [a.clone() for a in args]
+    with pytest.raises((TypeError, fx.proxy.TraceError)):
+        fx.symbolic_trace(model)  # plain torch.fx: the rank test, then torch.finfo(Proxy), stop it
+    prepared = _prepare_quietly(model, args)
+    assert prepared.traced
+    assert [name for name, _ in prepared.inserted] == ["add", "mul", "matmul", "add_1", "softmax", "matmul_1",
+                                                       "tanh"]
+    assert prepared.float_ops == ["sub"]  # 1.0 - mask
+    _assert_unchanged(model, before)
+    assert all(torch.equal(a, b) for a, b in zip(args, inputs_before))
+    assert not any("quanta_value" in n.meta for n in prepared.graph.nodes)  # no tensors pinned in the graph
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(prepared.model.eval()(*args), model(*args))
+        other = torch.randint(0, 50, (5, 9)), torch.ones(5, 9, dtype=torch.long)  # shapes stay symbolic
+        assert torch.equal(prepared.model(*other), model(*other))
+
+
+def test_a_model_neither_tracer_handles_reports_the_plain_error():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x  # data-dependent: no tracer can follow it
+
+    with pytest.warns(UserWarning, match="could not trace Branchy"):
+        prepared = prepare_model(Branchy(), (torch.randn(3),))
+    assert not prepared.traced and "symbolically traced variables cannot be used" in prepared.trace_error
+
+
+@pytest.mark.parametrize("fn, kind, cls", [
+    (torch.sigmoid, "sigmoid", nn.Sigmoid), (F.sigmoid, "sigmoid", nn.Sigmoid), (torch.tanh, "tanh", nn.Tanh),
+    (lambda x: x.sigmoid(), "sigmoid", nn.Sigmoid), (lambda x: x.tanh(), "tanh", nn.Tanh),
+    (F.relu6, "relu6", nn.ReLU6), (lambda x: F.leaky_relu(x, negative_slope=0.2), "leaky_relu", nn.LeakyReLU),
+    (F.hardswish, "hardswish", nn.Hardswish), (F.hardsigmoid, "hardsigmoid", nn.Hardsigmoid),
+    (F.mish, "mish", nn.Mish),
+], ids=["torch.sigmoid", "F.sigmoid", "torch.tanh", "Tensor.sigmoid", "Tensor.tanh", "relu6", "leaky_relu",
+        "hardswish", "hardsigmoid", "mish"])
+def test_functional_activations_become_modules(fn, kind, cls):
+    model = Fn(lambda x, y: fn(x) + 0 * y)
+    prepared = _prepare_quietly(model, (X, Y))
+    inserted = dict(prepared.inserted)
+    assert isinstance(inserted[kind], cls)
+    with torch.no_grad():
+        assert torch.equal(prepared.model(X, Y), model(X, Y))
+    if kind == "leaky_relu":
+        assert inserted[kind].negative_slope == 0.2

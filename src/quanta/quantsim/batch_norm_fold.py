@@ -90,7 +90,7 @@ def _find_pairs(model: nn.Module, args: tuple) -> tuple[list[tuple[str, str]], l
         _trace,  # the preparer's tracer: nn modules stay leaves
     )
 
-    gm = _trace(model)
+    gm = _trace(model, args)
     with eval_mode(gm), torch.no_grad():
         ShapeProp(gm).propagate(*args)
     calls: dict[str, int] = {}

@@ -106,6 +106,15 @@ _FUNCTIONS: dict[Any, tuple[str, Callable[[fx.Node], Any]]] = {
     F.relu: ("relu", _unary(nn.ReLU, "inplace")),
     F.gelu: ("gelu", _unary(nn.GELU, "approximate")),
     F.silu: ("silu", _unary(nn.SiLU, "inplace")),
+    torch.sigmoid: ("sigmoid", _unary(nn.Sigmoid)),
+    F.sigmoid: ("sigmoid", _unary(nn.Sigmoid)),
+    torch.tanh: ("tanh", _unary(nn.Tanh)),
+    F.tanh: ("tanh", _unary(nn.Tanh)),
+    F.relu6: ("relu6", _unary(nn.ReLU6, "inplace")),
+    F.leaky_relu: ("leaky_relu", _unary(nn.LeakyReLU, "negative_slope", "inplace")),
+    F.hardswish: ("hardswish", _unary(nn.Hardswish, "inplace")),
+    F.hardsigmoid: ("hardsigmoid", _unary(nn.Hardsigmoid, "inplace")),
+    F.mish: ("mish", _unary(nn.Mish, "inplace")),
 }
 _METHODS: dict[str, tuple[str, Callable[[fx.Node], Any]]] = {
     "add": ("add", _binary(Add)),
@@ -114,6 +123,8 @@ _METHODS: dict[str, tuple[str, Callable[[fx.Node], Any]]] = {
     "bmm": ("matmul", _binary(MatMul)),
     "softmax": ("softmax", _softmax),
     "relu": ("relu", _unary(nn.ReLU)),
+    "sigmoid": ("sigmoid", _unary(nn.Sigmoid)),
+    "tanh": ("tanh", _unary(nn.Tanh)),
 }
 
 # Ops that only move, select or describe values: the output holds input values (or no tensor), no quantizer needed.
@@ -174,6 +185,106 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
 
+_NO_VALUE = object()
+# nn.Module's own __call__/__getattr__, taken at import: torch.fx patches both while it traces, and a module
+# run for its value must not be traced (nor its parameters turned into graph nodes)
+_MODULE_CALL, _MODULE_GETATTR = nn.Module.__call__, nn.Module.__getattr__
+
+
+class _ValueProxy(fx.Proxy):
+    """A proxy that knows its tensor's dtype, device and rank from the dummy input's run.
+
+    Code such as ``torch.finfo(x.dtype).min`` (Hugging Face attention masks),
+    ``torch.arange(n, device=x.device)`` or ``if x.dim() == 4`` cannot be traced
+    symbolically; with these answered from the real value it traces, and the
+    answers become constants of the graph (the dummy input's dtype and device).
+    Shapes stay symbolic.
+    """
+
+    def _value(self) -> Any:
+        return self.node.meta.get("quanta_value", _NO_VALUE)
+
+    @property
+    def dtype(self) -> Any:  # type: ignore[override]
+        v = self._value()
+        return v.dtype if isinstance(v, torch.Tensor) else self.__getattr__("dtype")
+
+    @property
+    def device(self) -> Any:  # type: ignore[override]
+        v = self._value()
+        return v.device if isinstance(v, torch.Tensor) else self.__getattr__("device")
+
+    @property
+    def ndim(self) -> Any:  # type: ignore[override]
+        v = self._value()
+        return v.dim() if isinstance(v, torch.Tensor) else self.__getattr__("ndim")
+
+    def dim(self) -> Any:
+        v = self._value()
+        return v.dim() if isinstance(v, torch.Tensor) else self.__getattr__("dim")()
+
+    def is_floating_point(self) -> Any:
+        v = self._value()
+        return v.is_floating_point() if isinstance(v, torch.Tensor) else self.__getattr__("is_floating_point")()
+
+
+class _ValueTracer(_Tracer):
+    """:class:`_Tracer` that also runs every traced op on the dummy input (no grad, leaf modules in eval
+    mode, buffers and inputs copied), so that proxies answer dtype/device/rank questions concretely."""
+
+    def __init__(self, args: tuple) -> None:
+        super().__init__()
+        self._inputs = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _ValueProxy(node, self)
+
+    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None,  # type: ignore[override]
+                     proxy_factory_fn=None):
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+        try:
+            with torch.no_grad():
+                proxy.node.meta["quanta_value"] = self._evaluate(kind, target, args, kwargs)
+        except Exception:  # noqa: BLE001  (a value it cannot compute: that proxy stays purely symbolic)
+            proxy.node.meta["quanta_value"] = _NO_VALUE
+        return proxy
+
+    def _evaluate(self, kind: str, target: Any, args: Any, kwargs: Any) -> Any:
+        if kind == "placeholder":
+            return self._inputs.pop(0) if self._inputs else _NO_VALUE
+        unknown = False
+
+        def value(a: Any) -> Any:
+            nonlocal unknown
+            if isinstance(a, fx.Proxy):
+                v = a.node.meta.get("quanta_value", _NO_VALUE)
+                unknown = unknown or v is _NO_VALUE
+                return v
+            return a
+
+        args = torch.utils._pytree.tree_map(value, args)
+        kwargs = torch.utils._pytree.tree_map(value, kwargs)
+        if unknown:
+            return _NO_VALUE
+        if kind == "get_attr":
+            v = _attr(self.root, target)
+            return v.detach().clone() if isinstance(v, torch.Tensor) else v
+        if kind == "call_function":
+            return target(*args, **kwargs)
+        if kind == "call_method":
+            return getattr(args[0], target)(*args[1:], **kwargs)
+        if kind == "call_module":
+            module = self.root.get_submodule(target)
+            patched = nn.Module.__call__, nn.Module.__getattr__
+            nn.Module.__call__, nn.Module.__getattr__ = _MODULE_CALL, _MODULE_GETATTR  # type: ignore[method-assign]
+            try:
+                with eval_mode(module):  # a BatchNorm in training mode would update its statistics
+                    return module(*args, **kwargs)
+            finally:
+                nn.Module.__call__, nn.Module.__getattr__ = patched  # type: ignore[method-assign]
+        return _NO_VALUE
+
+
 def _as_tuple(dummy_input: Any) -> tuple[Any, ...]:
     return dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
 
@@ -231,11 +342,23 @@ def _attr(root: nn.Module, target: str) -> Any:
     return obj
 
 
-def _trace(model: nn.Module) -> fx.GraphModule:
-    tracer = _Tracer()
-    graph = tracer.trace(model)
-    name = type(model).__name__
-    return fx.GraphModule(tracer.root, graph, name)
+def _trace(model: nn.Module, args: tuple | None = None) -> fx.GraphModule:
+    """Symbolic trace; if that fails and ``args`` are given, a second trace that knows values' dtypes and
+    devices from a run on ``args`` (:class:`_ValueTracer`). The first error is raised if both fail."""
+    try:
+        tracer: fx.Tracer = _Tracer()
+        graph = tracer.trace(model)
+    except Exception as first:
+        if args is None:
+            raise
+        try:
+            tracer = _ValueTracer(args)
+            graph = tracer.trace(model)
+        except Exception:  # noqa: BLE001  (report the plain tracer's error: it names what fx cannot do)
+            raise first from None
+        for node in graph.nodes:  # real tensors must not stay in the graph (they would pin memory)
+            node.meta.pop("quanta_value", None)
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
 def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> PreparedModel:
@@ -253,7 +376,7 @@ def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> 
     if not trace:
         return PreparedModel(model, traced=False, trace_error="tracing disabled (trace=False)")
     try:
-        gm = _trace(model)  # in the model's own mode: code reading self.training is traced as it runs
+        gm = _trace(model, args)  # in the model's own mode: code reading self.training is traced as it runs
         with eval_mode(gm), torch.no_grad():  # gm shares model's leaves: each gets its own flag back
             ShapeProp(gm).propagate(*args)
     except Exception as e:  # noqa: BLE001  (any tracing failure falls back to module replacement)
