@@ -487,3 +487,74 @@ def test_functional_activations_become_modules(fn, kind, cls):
         assert torch.equal(prepared.model(X, Y), model(X, Y))
     if kind == "leaky_relu":
         assert inserted[kind].negative_slope == 0.2
+
+
+# -- F.scaled_dot_product_attention: expanded into quantizable ops -------------------------------------------
+class _Sdpa(nn.Module):
+    def __init__(self, **kwargs) -> None:
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, q, k, v, mask):
+        kwargs = dict(self.kwargs)
+        if kwargs.pop("use_mask", False):
+            kwargs["attn_mask"] = mask
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def _qkv(seq: int, seq_k: int | None = None, seed: int = 5):
+    g = _gen(seed)
+    seq_k = seq if seq_k is None else seq_k
+    return (torch.randn(2, 3, seq, 8, generator=g), torch.randn(2, 3, seq_k, 8, generator=g),
+            torch.randn(2, 3, seq_k, 8, generator=g))
+
+
+@pytest.mark.parametrize("kwargs, mask_kind", [
+    ({}, None), ({"scale": 0.3}, None), ({"is_causal": True}, None),
+    ({"use_mask": True}, "float"), ({"use_mask": True}, "bool"), ({"use_mask": True, "is_causal": False}, "bool"),
+], ids=["plain", "scale", "causal", "float_mask", "bool_mask", "bool_mask_kwargs"])
+def test_sdpa_becomes_matmul_scale_softmax_matmul(kwargs, mask_kind):
+    model = _Sdpa(**kwargs)
+
+    def inputs(seq: int, seq_k: int):
+        q, k, v = _qkv(seq, seq_k)
+        if mask_kind == "bool":
+            mask = torch.rand(seq, seq_k, generator=_gen(6)) > 0.3
+            mask[:, 0] = True  # no fully masked row (softmax of all -inf is NaN in both)
+        else:
+            mask = torch.randn(2, 1, seq, seq_k, generator=_gen(6))
+        return q, k, v, mask
+
+    args = inputs(5, 5) if kwargs.get("is_causal") else inputs(5, 7)
+    prepared = _prepare_quietly(model, args)
+    kinds = [name for name, _ in prepared.inserted]
+    assert kinds[:2] == ["matmul", "mul"] and kinds[-2:] == ["softmax", "matmul_1"]
+    assert ("add" in kinds) == (mask_kind == "float")
+    assert prepared.float_ops == []
+    for shape in ((5, 7), (9, 4)) if not kwargs.get("is_causal") else ((5, 5), (9, 9)):
+        a = inputs(*shape)
+        torch.testing.assert_close(prepared.model(*a), model(*a), rtol=1e-5, atol=1e-6)  # float rounding only
+
+
+def test_sdpa_with_grouped_query_attention_stays_a_float_op():
+    model = _Sdpa(enable_gqa=True)
+    q = torch.randn(1, 4, 5, 8, generator=_gen(7))
+    kv = torch.randn(1, 2, 5, 8, generator=_gen(8))
+    prepared = _prepare_quietly(model, (q, kv, kv, None))
+    assert prepared.float_ops == ["scaled_dot_product_attention"] and prepared.inserted == []
+
+
+def test_sdpa_in_a_sim_gets_its_attention_quantized():
+    from quanta.quantsim import QuantizationSimModel
+
+    q, k, v = _qkv(6)
+    mask = torch.zeros(2, 1, 6, 6)
+    sim = QuantizationSimModel(_Sdpa(use_mask=True), (q, k, v, mask))
+    names = {n for n, _ in sim.named_quantizers()}
+    assert {"matmul.output_quantizers.0", "mul.output_quantizers.0", "softmax.output_quantizers.0",
+            "matmul_1.output_quantizers.0"} <= names
+    sim.compute_encodings([(q, k, v, mask)], progress=False)
+    with torch.no_grad():
+        out = sim.model(q, k, v, mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert 10 * torch.log10(ref.pow(2).sum() / (out - ref).pow(2).sum()) > 30

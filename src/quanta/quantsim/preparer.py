@@ -7,8 +7,13 @@ traces the model with :mod:`torch.fx` (modules that quanta can quantize, and
 learn which values are floating-point tensors, and replaces each float-tensor
 call of a known functional op by a call of a module (:class:`quanta.nn.Add`,
 ``Multiply``, ``MatMul``, ``Concat``, ``nn.Softmax``, ``nn.ReLU``, ``nn.GELU``,
-``nn.SiLU``). The new modules are registered under the module whose
-``forward`` made the call (``layers.0.attn.matmul_1``), so names stay readable.
+``nn.SiLU``, ``nn.Sigmoid``, ``nn.Tanh``, ...); ``F.scaled_dot_product_attention``
+is first expanded into the ops it stands for (:func:`_expand_sdpa`). The new
+modules are registered under the module whose ``forward`` made the call
+(``layers.0.attn.matmul_1``), so names stay readable. Code plain torch.fx cannot
+trace because it asks a tensor for its dtype, device or rank
+(``torch.finfo(x.dtype).min``) is traced a second time with those answered from
+the dummy input's run (:class:`_ValueTracer`).
 
 Ops that change values but have no quantized counterpart (``torch.exp``,
 ``x / y``, ...) are kept in float and listed in :attr:`PreparedModel.float_ops`;
@@ -285,6 +290,66 @@ class _ValueTracer(_Tracer):
         return _NO_VALUE
 
 
+def _expand_sdpa(gm: fx.GraphModule) -> int:
+    """Rewrite each ``F.scaled_dot_product_attention`` call as the ops it stands for, in place.
+
+    ``softmax(q @ kᵀ · scale + mask) @ v`` with ``scale = 1/sqrt(q.size(-1))``
+    unless given, a float ``attn_mask`` added, a bool one (or ``is_causal``)
+    applied as ``-inf`` where False, and ``dropout_p > 0`` as dropout on the
+    weights: the conversion pass then turns the matmuls, the scaling and the
+    softmax into quantizable modules, as an integer backend runs attention.
+    Calls with ``enable_gqa=True`` are left alone (kept in float, listed).
+    Returns how many calls were rewritten.
+    """
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
+            continue
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        given = dict(zip(names, node.args)) | dict(node.kwargs)
+        if set(given) - set(names) or given.get("enable_gqa", False) or len(node.args) < 3 and "value" not in given:
+            continue
+        q, k, v = given["query"], given["key"], given["value"]
+        mask, p = given.get("attn_mask"), given.get("dropout_p", 0.0)
+        causal, scale = given.get("is_causal", False), given.get("scale")
+        if not isinstance(p, (int, float)) or not isinstance(causal, bool) or not (
+                scale is None or isinstance(scale, (int, float))):
+            continue  # values only known at run time: keep the call
+        mask_meta = mask.meta.get("tensor_meta") if isinstance(mask, fx.Node) else None
+        if mask is not None and (mask_meta is None or not hasattr(mask_meta, "dtype")):
+            continue
+        g = gm.graph
+        with g.inserting_before(node):
+            scores = g.call_function(torch.matmul, (q, g.call_method("transpose", (k, -2, -1))))
+            if scale is None:
+                scale = g.call_function(operator.pow, (g.call_method("size", (q, -1)), -0.5))
+            scores = g.call_function(torch.mul, (scores, scale))
+            if causal:
+                ones = g.call_function(torch.ones, (g.call_method("size", (q, -2)), g.call_method("size", (k, -2))),
+                                       {"dtype": torch.bool, "device": g.call_function(getattr, (q, "device"))})
+                keep = g.call_method("tril", (ones,))
+                scores = g.call_method("masked_fill", (scores, g.call_function(torch.logical_not, (keep,)),
+                                                       float("-inf")))
+            if mask is not None:
+                if mask_meta.dtype == torch.bool:
+                    scores = g.call_method("masked_fill", (scores, g.call_function(torch.logical_not, (mask,)),
+                                                           float("-inf")))
+                else:
+                    scores = g.call_function(torch.add, (scores, mask))
+            weights = g.call_function(torch.softmax, (scores,), {"dim": -1})
+            if p:
+                weights = g.call_function(F.dropout, (weights,), {"p": float(p), "training": True})
+            out = g.call_function(torch.matmul, (weights, v))
+        out.meta = dict(node.meta)
+        node.replace_all_uses_with(out)
+        g.erase_node(node)
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
 def _as_tuple(dummy_input: Any) -> tuple[Any, ...]:
     return dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
 
@@ -379,6 +444,8 @@ def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> 
         gm = _trace(model, args)  # in the model's own mode: code reading self.training is traced as it runs
         with eval_mode(gm), torch.no_grad():  # gm shares model's leaves: each gets its own flag back
             ShapeProp(gm).propagate(*args)
+            if _expand_sdpa(gm):  # the new nodes need their tensor metadata too
+                ShapeProp(gm).propagate(*args)
     except Exception as e:  # noqa: BLE001  (any tracing failure falls back to module replacement)
         msg = f"{type(e).__name__}: {e}".splitlines()[0]
         warnings.warn(
