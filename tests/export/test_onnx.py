@@ -539,3 +539,22 @@ def test_untraced_model(tmp_path):
     path, names, _ = _export(sim, tmp_path, x)
     assert names["fc2.output_quantizers.0"] == "fc2.output.0"
     np.testing.assert_array_equal(_run(path, x), _reference(sim, x))
+
+
+def test_hf_style_encoder_with_dict_outputs(tmp_path):
+    from quantsim_models import HFEncoder, make_token_data
+
+    torch.manual_seed(0)
+    ids, mask = make_token_data(16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # 1.0 - mask stays in float
+        sim = QuantizationSimModel(HFEncoder().eval(), (ids[:4], mask[:4]))
+    sim.compute_encodings([(ids, mask)], progress=False)
+    path, names, model = _export(sim, tmp_path, (ids[:4], mask[:4]))
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in model.graph.output] == ["last_hidden_state", "pooler_output"]
+    assert "layers.0.softmax.output.0" in names.values()
+    got = _run(path, ids[:4], mask[:4])  # the first output
+    with torch.no_grad():
+        want = sim.model(ids[:4], mask[:4])["last_hidden_state"].numpy()
+    np.testing.assert_array_equal(got, want)

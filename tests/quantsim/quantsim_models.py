@@ -92,6 +92,59 @@ class SeqClassifier(nn.Module):
         return self.head(self.block(x).mean(dim=1))
 
 
+class _EncoderLayer(nn.Module):
+    """Post-LN BERT layer: separate q/k/v Linear layers, F.scaled_dot_product_attention, GELU MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+        self.ln1 = nn.LayerNorm(dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        return x.view(b, t, self.heads, d // self.heads).permute(0, 2, 1, 3)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).permute(0, 2, 1, 3).reshape(x.shape)
+        x = self.ln1(x + self.out(a))
+        return self.ln2(x + self.fc2(F.gelu(self.fc1(x))))
+
+
+class HFEncoder(nn.Module):
+    """A Hugging Face-style encoder: ``(input_ids, attention_mask)`` in, a dict out, the additive mask made
+    with ``torch.finfo(x.dtype).min`` and positions with ``torch.arange(t, device=...)``."""
+
+    def __init__(self, vocab: int = 100, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.word = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(64, dim)
+        self.ln = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList([_EncoderLayer(dim, heads) for _ in range(layers)])
+        self.pool = nn.Linear(dim, dim)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        t = input_ids.shape[1]
+        x = self.ln(self.word(input_ids) + self.position(torch.arange(t, device=input_ids.device)))
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        for layer in self.layers:
+            x = layer(x, mask)
+        return {"last_hidden_state": x, "pooler_output": torch.tanh(self.pool(x[:, 0]))}
+
+
+def make_token_data(n: int, seq: int = 16, vocab: int = 100, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and an attention mask whose rows end in 0-6 padding positions."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (n, seq), generator=g)
+    pad = torch.randint(0, 7, (n,), generator=g)
+    mask = (torch.arange(seq)[None, :] < (seq - pad)[:, None]).long()
+    return ids, mask
+
+
 def make_cnn_data(n: int, num_classes: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Images whose class is the position and colour of a bright blob, with noise."""
     g = torch.Generator().manual_seed(seed)

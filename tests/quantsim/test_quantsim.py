@@ -1651,3 +1651,28 @@ def test_repr():
     sim = sim_of(mlp(), randn(2, 8))
     assert repr(sim) == ("QuantizationSimModel(quant_scheme=min_max, quantizers=4, traced=True, "
                          "unquantized_modules=0, float_ops=0)")
+
+
+# ---------------------------------------------------------------------- a Hugging Face-style encoder
+def test_hf_style_encoder_is_traced_and_its_attention_quantized():
+    from quantsim_models import HFEncoder, make_token_data
+
+    torch.manual_seed(0)
+    model = HFEncoder().eval()
+    ids, mask = make_token_data(64)
+    with pytest.warns(UserWarning, match=r"functional ops without one: sub\)"):  # 1.0 - mask: a mask, not data
+        sim = QuantizationSimModel(model, (ids[:2], mask[:2]))
+    assert sim.float_ops == ["sub"]
+    names = {n for n, _ in sim.named_quantizers()}
+    for i in range(2):
+        for op in ("matmul", "mul", "softmax", "matmul_1"):  # the expanded scaled_dot_product_attention
+            assert f"layers.{i}.{op}.output_quantizers.0" in names
+    sim.compute_encodings([(ids[i:i + 16], mask[i:i + 16]) for i in range(0, 32, 16)], progress=False)
+    with torch.no_grad():
+        ref, out = model(ids[32:], mask[32:]), sim.model(ids[32:], mask[32:])
+        assert set(out) == {"last_hidden_state", "pooler_output"}
+        for key in out:
+            assert sqnr_db(ref[key], out[key]) > 30, key
+        other = make_token_data(3, seq=9, seed=1)  # another sequence length: the trace kept shapes symbolic
+        with sim.quantizers_disabled():
+            torch.testing.assert_close(sim.model(*other), model(*other), rtol=1e-5, atol=1e-5)

@@ -36,7 +36,8 @@ encoding applies to, the input of its ``QuantizeLinear``, is called
 ``"<module>.input.<i>"`` / ``"<module>.output.<i>"``; a weight keeps its
 ``state_dict`` name ``"<module>.<param>"`` (an initializer). Graph inputs keep
 the model's argument names, the graph output is ``"output"`` (``"output_<i>"``
-for several). So an encodings file keyed by these names matches the graph.
+for several, the keys for a dict such as a Hugging Face ``ModelOutput``). So an
+encodings file keyed by these names matches the graph.
 
 How: the sim is exported with every quantizer swapped for a marker (a custom
 op that carries the quantizer's name and computes the identity), by
@@ -72,7 +73,7 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -482,6 +483,20 @@ def _flat_tensors(out: Any) -> list[torch.Tensor]:
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
+def _output_names(out: Any) -> list[str]:
+    """``"output"`` for one tensor; the keys for a dict (``"last_hidden_state"``, nested ones joined with
+    ``"."``); else ``"output_<i>"`` in flattening order."""
+    pytree = torch.utils._pytree
+    paths = [p for p, t in pytree.tree_flatten_with_path(out)[0] if isinstance(t, torch.Tensor)]
+    if len(paths) == 1 and not isinstance(out, Mapping):
+        return ["output"]
+    if isinstance(out, Mapping):
+        names = [".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in p) for p in paths]
+        if len(set(names)) == len(names) and all(names):
+            return names
+    return [f"output_{i}" for i in range(len(paths))]
+
+
 # ---------------------------------------------------------------------- export
 def export_onnx(
     sim: Any,
@@ -554,7 +569,8 @@ def export_onnx(
     model = sim.model
     with eval_mode(model), _stubs_in(slots):
         with torch.no_grad():
-            outputs = _flat_tensors(model(*args))  # records each quantizer's input shapes
+            result = model(*args)  # records each quantizer's input shapes
+            outputs = _flat_tensors(result)
         used = {k: s for k, s in slots.items() if s.stub.inputs}
         unused = [s.name for s in slots.values() if not s.stub.inputs]
         if unused:
@@ -572,7 +588,7 @@ def export_onnx(
         plans = {s.name: _plan_for_calls(s) for s in used.values()} if qdq else {}
         target = _choose_opset(plans, opset, dynamo)
         input_names = _input_names(model, len(args))
-        output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
+        output_names = _output_names(result)
         proto = _torch_export(model, args, used, target, input_names, output_names, dynamo)
 
     names = _rewrite(proto, used, plans, qdq=qdq, prequantize=prequantize_weights)

@@ -319,6 +319,7 @@ def _expand_sdpa(gm: fx.GraphModule) -> int:
         if mask is not None and (mask_meta is None or not hasattr(mask_meta, "dtype")):
             continue
         g = gm.graph
+        before = set(g.nodes)
         with g.inserting_before(node):
             scores = g.call_function(torch.matmul, (q, g.call_method("transpose", (k, -2, -1))))
             if scale is None:
@@ -340,6 +341,9 @@ def _expand_sdpa(gm: fx.GraphModule) -> int:
             if p:
                 weights = g.call_function(F.dropout, (weights,), {"p": float(p), "training": True})
             out = g.call_function(torch.matmul, (weights, v))
+        scope = {k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace")}
+        for new_node in set(g.nodes) - before:  # named under the module that called SDPA
+            new_node.meta.update(scope)
         out.meta = dict(node.meta)
         node.replace_all_uses_with(out)
         g.erase_node(node)
