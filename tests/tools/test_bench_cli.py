@@ -3,7 +3,6 @@ JSON output, skipped schemes, one-line input errors; and the shared measuring he
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -38,12 +37,9 @@ KINDS = ["float", "simulated", "real storage", "real storage", "real storage"]
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, write_module):
     d = tmp_path_factory.mktemp("bench")
-    (d / f"{MODULE}.py").write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location(MODULE, d / f"{MODULE}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = write_module(d, MODULE, SOURCE)
     torch.manual_seed(0)
     model = mod.MLP().eval()
     x = torch.randn(120, 32)

@@ -71,16 +71,11 @@ def _strict(constant):
 
 
 @pytest.fixture(scope="module")
-def d(tmp_path_factory):
-    import importlib.util
+def d(tmp_path_factory, write_module):
     import sys
 
     root = tmp_path_factory.mktemp("bench_edge")
-    (root / f"{MODULE}.py").write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location(MODULE, root / f"{MODULE}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE] = mod
-    spec.loader.exec_module(mod)
+    mod = write_module(root, MODULE, SOURCE)
     torch.manual_seed(0)
     for name in ("MLP", "TupleOut", "DictOut", "Emb", "Drop"):
         torch.save(getattr(mod, name)().state_dict(), root / f"{name}.pt")

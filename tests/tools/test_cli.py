@@ -44,7 +44,7 @@ def test_bad_arguments_exit_nonzero_with_one_line(tmp_path):
 
 
 def test_errors_are_one_line_unless_debug(monkeypatch, capsys):
-    import quanta.tools.demo as demo
+    from quanta.tools import demo
 
     def boom(*args, **kwargs):
         raise ValueError("the data is wrong")

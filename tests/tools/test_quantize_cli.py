@@ -3,7 +3,6 @@ with an in-process QuantizationSimModel calibrated on the same batches."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -57,13 +56,9 @@ def _sim(model: nn.Module, batches: list[torch.Tensor], **kwargs) -> Quantizatio
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, write_module):
     d = tmp_path_factory.mktemp("quantize")
-    (d / f"{MODULE}.py").write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location(MODULE, d / f"{MODULE}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE] = mod  # so torch.save can pickle a whole TinyNet (the "pickled module" error case)
-    spec.loader.exec_module(mod)
+    mod = write_module(d, MODULE, SOURCE)  # importable: torch.save pickles a whole TinyNet (an error case)
     torch.manual_seed(0)
     model = mod.TinyNet().eval()
     x = torch.randn(80, 8)
