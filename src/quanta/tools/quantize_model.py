@@ -56,7 +56,7 @@ from quanta.tools.measure import flat_outputs, sqnr_db
 
 __all__ = [
     "LoadedModel",
-    "PreparedModel",
+    "ModelAndBatches",
     "QuantizeConfig",
     "QuantizeResult",
     "check_model_class",
@@ -870,7 +870,7 @@ def load_quantsim_config(path: str | os.PathLike | None) -> Any:
 
 
 @dataclass
-class PreparedModel:
+class ModelAndBatches:
     """A loaded float model and its data split into batches (:func:`prepare_model_and_batches`).
 
     Attributes:
@@ -893,7 +893,7 @@ def prepare_model_and_batches(model_path: str | os.PathLike, data_path: str | os
                               model_class: str | None = None, batch_size: int | None = None,
                               num_batches: int | None = None, evaluate: bool = False,
                               eval_path: str | os.PathLike | None = None, data_arg: str = "--calib",
-                              eval_arg: str = "--eval") -> PreparedModel:
+                              eval_arg: str = "--eval") -> ModelAndBatches:
     """Load the data and the model as ``quanta quantize`` does and split the data into batches.
 
     ``batch_size`` None: :data:`DEFAULT_BATCH_SIZE`, or the static batch size of a ``torch.export`` program
@@ -972,7 +972,7 @@ def prepare_model_and_batches(model_path: str | os.PathLike, data_path: str | os
             _run(model, eval_batches[-1], "the last (smaller) evaluation batch", eval_arg)
     elif eval_batches is not batches and eval_batches[-1].shape != dummy.shape:
         _run(model, eval_batches[-1], "the last (smaller) batch", data_arg)
-    return PreparedModel(loaded, batches, eval_batches, batch_size, notes)
+    return ModelAndBatches(loaded, batches, eval_batches, batch_size, notes)
 
 
 def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike, out_dir: str | os.PathLike,
