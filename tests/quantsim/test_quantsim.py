@@ -27,6 +27,7 @@ import quanta.nn
 import quanta.quantsim
 import quanta.quantsim.quantsim as quantsim_mod
 from quanta.quantization.affine import QuantizeDequantize, quantize_dequantize
+from quanta.quantization.base import QuantizerBase
 from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.quantsim import DataType, QuantizationSimModel, QuantScheme, QuantSimConfig
 from quanta.quantsim.config import BUILTIN_DEFAULT
@@ -1676,3 +1677,87 @@ def test_hf_style_encoder_is_traced_and_its_attention_quantized():
         other = make_token_data(3, seq=9, seed=1)  # another sequence length: the trace kept shapes symbolic
         with sim.quantizers_disabled():
             torch.testing.assert_close(sim.model(*other), model(*other), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- AIMET's helper methods
+def _calibrated_cnn():
+    torch.manual_seed(0)
+    model = SmallCNN().eval()
+    x, _ = make_cnn_data(16, seed=0)
+    sim = sim_of(model, x[:4])
+    sim.compute_encodings([x], progress=False)
+    return model, sim, x
+
+
+def test_qmodules_quantizers_and_their_parameters():
+    _, sim, _ = _calibrated_cnn()
+    assert [n for n, _ in sim.named_qmodules()] == [n for n, m in sim.model.named_modules()
+                                                     if isinstance(m, quanta.nn.QuantizationMixin)]
+    assert list(sim.qmodules()) == [m for _, m in sim.named_qmodules()]
+    assert list(sim.quantizers()) == [q for _, q in sim.named_quantizers()]
+    named = dict(sim.named_quantizer_parameters())
+    assert "relu1.output_quantizers.0.max" in named and "conv1.param_quantizers.weight.min" in named
+    assert all(named[f"{q}.{p}"] is getattr(dict(sim.named_quantizers())[q], p)
+               for q, p in (k.rsplit(".", 1) for k in named))
+    assert [id(p) for p in sim.quantizer_parameters()] == [id(p) for p in named.values()]
+    model_params = {id(p) for n, p in sim.model.named_parameters() if "quantizers" not in n}
+    assert not model_params & {id(p) for p in named.values()}  # ranges only, no weights
+
+
+def test_exclude_layers_from_quantization_runs_them_in_float():
+    _, sim, x = _calibrated_cnn()
+    conv2 = sim.model.get_submodule("conv2")
+    sim.exclude_layers_from_quantization([conv2])
+    assert all(q is None for q in (*conv2.input_quantizers, *conv2.output_quantizers,
+                                    *conv2.param_quantizers.values()))
+    assert not any(n.startswith("conv2.") for n, _ in sim.named_quantizers())
+    assert any(n.startswith("conv1.") for n, _ in sim.named_quantizers())
+    seen = []
+    handle = conv2.register_forward_hook(lambda m, args, out: seen.append((args[0], out)))
+    with torch.no_grad():
+        sim.model(x)
+    handle.remove()
+    (inp, out), = seen
+    assert torch.equal(out, nn.Conv2d.forward(conv2, inp))  # the float convolution of the float weight
+    with pytest.raises(ValueError, match="not a module of sim.model"):
+        sim.exclude_layers_from_quantization([nn.Linear(2, 2)])
+    with pytest.raises(TypeError, match="nn.Module"):
+        sim.exclude_layers_from_quantization(["conv1"])
+
+
+def test_exclude_param_from_quantization():
+    _, sim, _ = _calibrated_cnn()
+    sim.exclude_param_from_quantization("weight")
+    assert not any(".param_quantizers.weight" in n for n, _ in sim.named_quantizers())
+    assert any(".output_quantizers." in n for n, _ in sim.named_quantizers())
+    with pytest.raises(TypeError, match="str"):
+        sim.exclude_param_from_quantization(0)
+
+
+def test_get_original_model():
+    model, sim, x = _calibrated_cnn()
+    original = QuantizationSimModel.get_original_model(sim.model)
+    assert not any(isinstance(m, (quanta.nn.QuantizationMixin, QuantizerBase)) for m in original.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(original(x), model(x), rtol=0, atol=0)
+        baked = QuantizationSimModel.get_original_model(sim.model, qdq_weights=True)
+        weight_q = sim.model.conv1.param_quantizers["weight"]
+        assert torch.equal(baked.conv1.weight, weight_q(sim.model.conv1.weight).as_subclass(torch.Tensor))
+        assert not torch.equal(baked.conv1.weight, model.conv1.weight)
+    assert any(isinstance(m, quanta.nn.QuantizationMixin) for m in sim.model.modules())  # sim untouched
+
+
+def test_load_and_freeze_encodings(tmp_path):
+    _, sim, x = _calibrated_cnn()
+    path = tmp_path / "enc.json"
+    sim.save_encodings(path)
+    _, fresh, _ = _calibrated_cnn()
+    with torch.no_grad():
+        for q in fresh.quantizers():  # different ranges than the saved ones
+            for p in q.parameters():
+                p.mul_(1.5)
+    fresh.load_and_freeze_encodings(path)
+    fresh.compute_encodings([x * 3], progress=False)  # frozen: calibration keeps the loaded ranges
+    with torch.no_grad():
+        assert torch.equal(fresh.model(x), sim.model(x))
+    assert not any(p.requires_grad for p in fresh.quantizer_parameters())

@@ -170,6 +170,28 @@ class QuantizationMixin:
             params[name] = default_weight_quantizer(p, self._weight_axis()) if name == "weight" else None
         self.param_quantizers = nn.ModuleDict(params)
 
+    def to_float_module(self) -> nn.Module:
+        """The float module this one quantizes (AIMET's ``get_original_module``): the same parameters
+        and buffers, no quantizers. Quantized children (``MultiheadAttention.out_proj``) become float too.
+
+        >>> import quanta.nn
+        >>> lin = torch.nn.Linear(4, 3)
+        >>> back = quanta.nn.QuantizedLinear.from_module(lin).to_float_module()
+        >>> type(back).__name__, back.weight is lin.weight
+        ('Linear', True)
+        """
+        base = _float_base(type(self))
+        module = base.__new__(base)
+        skip = {"_qparam_cache", "plain_outputs"}
+        module.__dict__.update({k: (v.copy() if isinstance(v, (dict, set)) else v)
+                                for k, v in self.__dict__.items() if k not in skip})
+        for name in ("input_quantizers", "output_quantizers", "param_quantizers"):
+            module._modules.pop(name, None)
+        for name, child in list(module._modules.items()):
+            if isinstance(child, QuantizationMixin):
+                module._modules[name] = child.to_float_module()
+        return module
+
     def _weight_axis(self) -> int:
         """Output-channel dimension of ``weight`` (0, or 1 for transposed convolutions)."""
         return 0

@@ -33,7 +33,7 @@ from quanta.encodings.affine import AffineEncoding
 from quanta.encodings.float import FloatEncoding
 from quanta.kernels.qparams import offset_from_range
 from quanta.nn import QuantizationMixin
-from quanta.nn.base import eval_mode, quantizers_off
+from quanta.nn.base import _set_slots, eval_mode, quantizers_off
 from quanta.nn.modules import QuantizedConcat, QuantizedEmbedding
 from quanta.nn.registry import quantized_class_for
 from quanta.quantization.affine import QuantizeDequantize
@@ -355,6 +355,100 @@ class QuantizationSimModel:
             if isinstance(m, QuantizerBase):
                 yield name, m
 
+    def quantizers(self) -> Iterator[QuantizerBase]:
+        """Every quantizer (AIMET's name; see :meth:`named_quantizers`)."""
+        for _, q in self.named_quantizers():
+            yield q
+
+    def named_qmodules(self) -> Iterator[tuple[str, QuantizationMixin]]:
+        """``(name, module)`` for every quantized module, nested ones included (AIMET's name)."""
+        for name, m in self.model.named_modules():
+            if isinstance(m, QuantizationMixin):
+                yield name, m
+
+    def qmodules(self) -> Iterator[QuantizationMixin]:
+        """Every quantized module (AIMET's name; see :meth:`named_qmodules`)."""
+        for _, m in self.named_qmodules():
+            yield m
+
+    def named_quantizer_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` for the quantizers' own parameters (ranges), each once: what a QAT
+        optimizer with its own learning rate for ranges takes, e.g. ``("fc.output_quantizers.0.max", p)``."""
+        seen: set[int] = set()
+        for qname, q in self.named_quantizers():
+            for pname, p in q.named_parameters(recurse=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield f"{qname}.{pname}", p
+
+    def quantizer_parameters(self) -> Iterator[nn.Parameter]:
+        """The quantizers' own parameters (see :meth:`named_quantizer_parameters`)."""
+        for _, p in self.named_quantizer_parameters():
+            yield p
+
+    def exclude_layers_from_quantization(self, layers_to_exclude: Iterable[nn.Module]) -> None:
+        """Run these modules of :attr:`model` (and the quantized modules inside them) in float:
+        all their quantizers are removed (AIMET's method).
+
+        Raises TypeError for something that is not a module, ValueError for a module that is not
+        part of :attr:`model` (e.g. one of the original model, which the sim copied).
+        """
+        if isinstance(layers_to_exclude, nn.Module):
+            layers_to_exclude = [layers_to_exclude]
+        ours = {id(m) for m in self.model.modules()}
+        layers = list(layers_to_exclude)
+        for layer in layers:
+            if not isinstance(layer, nn.Module):
+                raise TypeError(f"layers_to_exclude must hold nn.Module objects, got {type(layer).__name__}")
+            if id(layer) not in ours:
+                raise ValueError(f"layers_to_exclude: {type(layer).__name__} is not a module of sim.model (pass "
+                                 "modules of sim.model, e.g. sim.model.get_submodule(name))")
+        for layer in layers:
+            for m in layer.modules():
+                if isinstance(m, QuantizationMixin):
+                    _set_slots(m, [None] * len(m.input_quantizers), [None] * len(m.output_quantizers),
+                               dict.fromkeys(m.param_quantizers))
+
+    def exclude_param_from_quantization(self, param_name_to_exclude: str) -> None:
+        """Remove the quantizer of every parameter called ``param_name_to_exclude`` (``"bias"``, ``"weight"``)
+        from all quantized modules (AIMET's method)."""
+        if not isinstance(param_name_to_exclude, str):
+            raise TypeError(f"param_name_to_exclude must be a str, got {type(param_name_to_exclude).__name__}")
+        for m in self.qmodules():
+            if param_name_to_exclude in m.param_quantizers:
+                m.param_quantizers[param_name_to_exclude] = None
+
+    @classmethod
+    def get_original_model(cls, model: nn.Module, qdq_weights: bool = False) -> nn.Module:
+        """A copy of ``model`` (e.g. ``sim.model``) with every quantized module turned back into its float
+        module (AIMET's method); ``qdq_weights`` bakes the parameter quantizers' fake-quantized values into
+        the copy's parameters first. ``model`` is not modified."""
+        original = copy.deepcopy(model)
+        if qdq_weights:
+            for name, m in original.named_modules():
+                if isinstance(m, QuantizationMixin):
+                    for pname, q in m.param_quantizers.items():
+                        if q is None:
+                            continue
+                        if not q.is_initialized():
+                            raise RuntimeError(f"{name}.param_quantizers.{pname} is not initialised; "
+                                               "run compute_encodings() first (or qdq_weights=False)")
+                        p = getattr(m, pname)
+                        with torch.no_grad():
+                            p.copy_(q(p).as_subclass(torch.Tensor))
+        if isinstance(original, QuantizationMixin):
+            return original.to_float_module()
+
+        def restore(module: nn.Module) -> None:
+            for name, child in list(module.named_children()):
+                if isinstance(child, QuantizationMixin):
+                    setattr(module, name, child.to_float_module())
+                else:
+                    restore(child)
+
+        restore(original)
+        return original
+
     def quantizer_state_dict(self) -> OrderedDict[str, torch.Tensor]:
         """The entries of ``sim.model.state_dict()`` that belong to quantizers (ranges, flags).
 
@@ -574,6 +668,14 @@ class QuantizationSimModel:
                 f.write(text)
 
         atomic_write(path, write)
+
+    def load_and_freeze_encodings(self, encoding_path: str | os.PathLike | Mapping[str, Any],
+                                  ignore_when_quantizer_disabled: bool = False) -> None:
+        """:meth:`load_encodings` (partial), then freeze what it set: ranges no longer train and a later
+        :meth:`compute_encodings` keeps them (AIMET's method). ``ignore_when_quantizer_disabled``: an
+        encoding for a quantizer the sim does not have is skipped instead of raising."""
+        self.load_encodings(encoding_path, strict=not ignore_when_quantizer_disabled, partial=True,
+                            requires_grad=False, allow_overwrite=False)
 
     def load_encodings(
         self,
