@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     quantize.add_argument("model", metavar="MODEL",
                           help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
     quantize.add_argument("--calib", required=True, metavar="DATA",
-                          help="calibration inputs: a tensor in a .pt file (or a dict with 'x'/'inputs') or a .npy")
+                          help="calibration inputs: a tensor in a .pt file (or a dict with 'x'/'inputs') or a .npy; "
+                               "several inputs: a .pt tuple of tensors, or a dict keyed by the forward's "
+                               "parameter names")
     quantize.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     quantize.add_argument("--config", metavar="CFG", help="quantsim config file (.json/.yaml); default: built in")
     quantize.add_argument("--scheme", type=_parsed(qm.parse_scheme),
@@ -178,9 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
     bench.add_argument("--data", required=True, metavar="DATA",
                        help="calibration inputs, as quantize's --calib: a tensor in a .pt file (or a dict with "
-                            "'x'/'inputs') or a .npy")
+                            "'x'/'inputs') or a .npy; several inputs: a .pt tuple of tensors, or a dict keyed by "
+                            "the forward's parameter names")
     bench.add_argument("--eval", metavar="DATA2",
-                       help="evaluation inputs for the SQNR and the latency (default: all of --data)")
+                       help="evaluation inputs for the SQNR and the latency, laid out as --data (default: all of "
+                            "--data)")
     bench.add_argument("--model-class", type=_parsed(qm.check_model_class),
                        metavar="MODULE:CLASS", help="the nn.Module class of a state dict, e.g. mypkg.nets:TinyNet")
     bench.add_argument("--config", metavar="CFG", help="quantsim config file of the W8A8 row; default: built in")

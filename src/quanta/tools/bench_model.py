@@ -2,7 +2,9 @@
 
 Loads the model and the data exactly as ``quanta quantize`` does
 (:func:`~quanta.tools.quantize_model.prepare_model_and_batches`: a ``torch.export`` program or a state dict
-with ``model_class``; a ``.pt``/``.npy`` tensor split into batches, a program's static batch size kept),
+with ``model_class``; a ``.pt``/``.npy`` tensor split into batches, a program's static batch size kept; for a
+model with several inputs a ``.pt`` tuple of tensors or a dict keyed by the forward's parameter names, each batch a
+tuple of inputs split alike, ``--eval`` holding the same inputs),
 then measures, one row per scheme:
 
 * ``float32``: the model itself, the baseline;
@@ -40,7 +42,11 @@ import torch
 from torch import nn
 
 from quanta.tools.measure import (
+    Batch,
+    batch_shape,
+    call_model,
     flat_outputs,
+    format_batch_shape,
     set_eval,
     sqnr_db,
     time_ratio,
@@ -91,7 +97,7 @@ class BenchResult:
     eval_on_calibration_data: bool = False
     calibration_batches: int = 0
     eval_batches: int = 0
-    batch_shape: tuple[int, ...] = ()
+    batch_shape: tuple[Any, ...] = ()  # ints; for a model with several inputs, one shape per input
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (strict JSON: no NaN/Infinity tokens): a non-finite SQNR becomes the string ``"inf"``
@@ -105,7 +111,11 @@ class BenchResult:
             rows.append(d)
         return {"rows": rows, "notes": list(self.notes), "eval_on_calibration_data": self.eval_on_calibration_data,
                 "calibration_batches": self.calibration_batches, "eval_batches": self.eval_batches,
-                "batch_shape": list(self.batch_shape)}
+                "batch_shape": _listed(self.batch_shape)}
+
+
+def _listed(shape: tuple[Any, ...]) -> list[Any]:
+    return [_listed(s) if isinstance(s, tuple) else s for s in shape]
 
 
 def _real_storage_configs() -> list[tuple[str, Any]]:
@@ -137,9 +147,9 @@ def _warning_notes(caught: list[warnings.WarningMessage], scheme: str) -> list[s
 
 
 @torch.no_grad()
-def _eval_outputs(model: nn.Module, batches: list[torch.Tensor]) -> torch.Tensor:
+def _eval_outputs(model: nn.Module, batches: list[Batch]) -> torch.Tensor:
     set_eval(model)
-    return torch.cat([flat_outputs(model(x)) for x in batches])
+    return torch.cat([flat_outputs(call_model(model, x)) for x in batches])
 
 
 def bench_model(model_path: str | os.PathLike, data_path: str | os.PathLike, cfg: BenchConfig = BenchConfig(), *,
@@ -219,7 +229,7 @@ def bench_model(model_path: str | os.PathLike, data_path: str | os.PathLike, cfg
             bar.advance()
     finally:
         bar.close()
-    return BenchResult(rows, notes, eval_path is None, len(batches), len(eval_batches), tuple(timing_batch.shape))
+    return BenchResult(rows, notes, eval_path is None, len(batches), len(eval_batches), batch_shape(timing_batch))
 
 
 def format_bench(result: BenchResult) -> str:
@@ -237,6 +247,6 @@ def format_bench(result: BenchResult) -> str:
                      f"{r.time_ratio:>7.2f}x")
     where = "the calibration data (--data)" if result.eval_on_calibration_data else "--eval"
     lines.append(f"calibrated on {result.calibration_batches} batches; SQNR vs float32 over {result.eval_batches} "
-                 f"batches of {where}; latency vs float32 on one batch of shape {result.batch_shape}")
+                 f"batches of {where}; latency vs float32 on one batch of {format_batch_shape(result.batch_shape)}")
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)

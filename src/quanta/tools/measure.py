@@ -2,7 +2,9 @@
 
 Output SQNR in dB (:func:`sqnr_db`), a model's outputs as one flat tensor (:func:`flat_outputs`), weight
 storage in bytes (:func:`weight_bytes`, for simulated and for real quantized storage) and forward time
-relative to a baseline model (:func:`time_ratio`).
+relative to a baseline model (:func:`time_ratio`). A batch is one tensor, or a tuple of tensors for a model
+with several inputs (:func:`call_model` runs ``model(*batch)``; :func:`batch_shape` / :func:`format_batch_shape`
+give each input's shape).
 
 >>> x = torch.tensor([3.0, 4.0])
 >>> sqnr_db(x, x)
@@ -20,7 +22,38 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["flat_outputs", "forward_time", "set_eval", "sqnr_db", "time_ratio", "weight_bytes"]
+__all__ = ["batch_shape", "call_model", "flat_outputs", "format_batch_shape", "forward_time", "set_eval", "sqnr_db",
+           "time_ratio", "weight_bytes"]
+
+#: One batch of model inputs: a tensor, or a tuple of tensors (the positional inputs of ``model.forward``).
+Batch = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def call_model(model: Any, batch: Batch) -> Any:
+    """``model(*batch)`` for a tuple of inputs, else ``model(batch)``."""
+    return model(*batch) if isinstance(batch, tuple) else model(batch)
+
+
+def batch_shape(batch: Batch) -> tuple[Any, ...]:
+    """A tensor's shape as a tuple of ints; for a tuple of inputs, the tuple of their shapes.
+
+    >>> batch_shape((torch.zeros(2, 3), torch.zeros(2)))
+    ((2, 3), (2,))
+    """
+    if isinstance(batch, tuple):
+        return tuple(tuple(t.shape) for t in batch)
+    return tuple(batch.shape)
+
+
+def format_batch_shape(shape: tuple[Any, ...]) -> str:
+    """``"shape (4, 16)"`` for one input, ``"shapes (4, 16), (4, 16)"`` for several (:func:`batch_shape`'s output).
+
+    >>> format_batch_shape(((4, 16), (4, 16)))
+    'shapes (4, 16), (4, 16)'
+    """
+    if shape and all(isinstance(s, tuple) for s in shape):
+        return "shapes " + ", ".join(str(tuple(s)) for s in shape)
+    return f"shape {tuple(shape)}"
 
 
 def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
@@ -97,21 +130,21 @@ def set_eval(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def forward_time(model: nn.Module, x: torch.Tensor, reps: int = 20) -> float:
-    """The best of ``reps`` timed forward calls of ``model`` (eval mode, no grad) on ``x``, in seconds,
-    after one untimed warm-up call."""
+def forward_time(model: nn.Module, x: Batch, reps: int = 20) -> float:
+    """The best of ``reps`` timed forward calls of ``model`` (eval mode, no grad) on ``x`` (a tensor, or a tuple
+    of inputs: ``model(*x)``), in seconds, after one untimed warm-up call."""
     set_eval(model)
-    model(x)
+    call_model(model, x)
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        model(x)
+        call_model(model, x)
         best = min(best, time.perf_counter() - t0)
     return best
 
 
-def time_ratio(model: nn.Module, baseline: nn.Module, x: torch.Tensor, rounds: int = 3, reps: int = 7) -> float:
-    """Forward time of ``model`` over that of ``baseline`` on ``x``: the two are timed in alternating rounds
+def time_ratio(model: nn.Module, baseline: nn.Module, x: Batch, rounds: int = 3, reps: int = 7) -> float:
+    """Forward time of ``model`` over that of ``baseline`` on ``x`` (a tensor, or a tuple of inputs): the two are timed in alternating rounds
     (so both see the same machine load), keeping the best time of each."""
     t_model = t_base = float("inf")
     for _ in range(rounds):

@@ -24,7 +24,11 @@ The model is one of:
 A TorchScript file, or a file holding pickled Python objects, is refused with the fix in the message.
 The calibration data is a tensor in a ``.pt`` file (or a dict with an ``"x"`` or ``"inputs"`` tensor),
 or a ``.npy`` file (``numpy.load(allow_pickle=False)``), split along dim 0 into batches; the first
-batch is the dummy input. Errors in the inputs are ValueError / FileNotFoundError naming the argument
+batch is the dummy input. A model with several inputs (``model(input_ids, attention_mask)``) takes a ``.pt``
+file holding a tuple/list of tensors (its positional inputs, in order) or a dict of tensors keyed by its
+forward's parameter names (a torch.export program's input names), passed in the forward's order; every
+input needs the same size along dim 0, and each batch is then a tuple split alike (``model(*batch)``;
+floating-point inputs are cast to the model's dtype, integer ones such as token ids kept). Errors in the inputs are ValueError / FileNotFoundError naming the argument
 and the fix (the CLI prints them as one line, exit status 2).
 
 >>> cfg = QuantizeConfig(progress=False)
@@ -52,7 +56,14 @@ from torch import fx, nn
 
 from quanta.export.encodings import EncodingsVersion
 from quanta.quantsim.scheme import QuantScheme
-from quanta.tools.measure import flat_outputs, sqnr_db
+from quanta.tools.measure import (
+    Batch,
+    batch_shape,
+    call_model,
+    flat_outputs,
+    format_batch_shape,
+    sqnr_db,
+)
 
 __all__ = [
     "LoadedModel",
@@ -180,7 +191,9 @@ class LoadedModel:
         model: the module (eval mode; a torch.export program's ``.module()`` is in the mode it was exported in).
         kind: ``"export"`` (a torch.export program) or ``"state_dict"``.
         input_shape: the input shape a torch.export program was exported with (ints; None for a
-            dynamic dimension), or None.
+            dynamic dimension), or None; its first input's for a program with several inputs.
+        input_shapes: a torch.export program's input shapes, one per input (None for an input that is not a
+            tensor); empty for a state dict.
         lifted: for a torch.export program, the aten ops turned into modules (``{op: count}``).
         left: for a torch.export program, the aten ops left as they were (``{op: count}``).
     """
@@ -188,6 +201,7 @@ class LoadedModel:
     model: nn.Module
     kind: str
     input_shape: tuple[int | None, ...] | None = None
+    input_shapes: list[tuple[int | None, ...] | None] = field(default_factory=list)
     lifted: dict[str, int] = field(default_factory=dict)
     left: dict[str, int] = field(default_factory=dict)
 
@@ -386,20 +400,20 @@ def _load_exported(path: str) -> LoadedModel:
     except Exception as e:  # noqa: BLE001  (a corrupt or foreign archive)
         raise ValueError(f"MODEL {path} could not be read as a torch.export program: {_first_line(e)}") from None
     user_inputs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    if len(user_inputs) != 1:
-        raise ValueError(f"MODEL {path}: the torch.export program takes {len(user_inputs)} inputs; quanta quantize "
-                         "feeds one tensor (the calibration DATA)")
+    if not user_inputs:
+        raise ValueError(f"MODEL {path}: the torch.export program takes no input; quanta quantize feeds it the "
+                         "calibration DATA")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gm = program.module()
-    shape = None
+    shapes: list[tuple[int | None, ...] | None] = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                shape = tuple(int(d) if isinstance(d, int) else None for d in val.shape)
-            break
-    return LoadedModel(gm, "export", shape)  # its eval() raises; it was exported in the mode it runs in
+            shapes.append(tuple(int(d) if isinstance(d, int) else None for d in val.shape)
+                          if isinstance(val, torch.Tensor) else None)
+    # its eval() raises; it was exported in the mode it runs in
+    return LoadedModel(gm, "export", shapes[0] if shapes else None, shapes)
 
 
 # ---------------------------------------------------------------------- torch.export: aten calls -> modules
@@ -561,6 +575,8 @@ _FUNCTION_OPS: dict[Any, Callable[..., Any]] = {
     _aten.squeeze.dim: torch.squeeze, _aten.clone.default: torch.clone,
     _aten.max_pool1d.default: torch.max_pool1d, _aten.max_pool2d.default: torch.max_pool2d,
     _aten.dropout.default: F.dropout,
+    # expanded by the preparer into matmul/softmax (quantizable, and exportable to any ONNX opset)
+    _aten.scaled_dot_product_attention.default: F.scaled_dot_product_attention,
 }
 
 
@@ -578,7 +594,7 @@ def _same_outputs(a: Any, b: Any) -> bool:
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x == y for x, y in zip(la, lb))
 
 
-def _lift_exported(gm: fx.GraphModule, example: torch.Tensor) -> tuple[dict[str, int], dict[str, int]]:
+def _lift_exported(gm: fx.GraphModule, example: Batch) -> tuple[dict[str, int], dict[str, int]]:
     """Rewrite the aten calls of ``ExportedProgram.module()`` as calls of ``torch.nn`` modules, in place.
 
     ``aten.linear(x, fc.weight, fc.bias)`` becomes ``fc(x)`` with ``fc`` an ``nn.Linear`` holding the same
@@ -586,12 +602,12 @@ def _lift_exported(gm: fx.GraphModule, example: torch.Tensor) -> tuple[dict[str,
     ``nn.ReLU`` placed where the original module was (from the node's ``nn_module_stack``);
     ``aten.add``/``aten.view``/... the torch functions QuantizationSimModel's preparer knows. An op is
     lifted only when its parameters belong to one parameter-only submodule that no other op uses;
-    anything else stays as it was. The result must compute on ``example`` exactly what the program
-    computes, else RuntimeError. Returns ``({lifted op: count}, {op left: count})``.
+    anything else stays as it was. The result must compute on ``example`` (a tensor, or a tuple of the
+    program's inputs) exactly what the program computes, else RuntimeError. Returns ``({lifted op: count}, {op left: count})``.
     """
     with torch.no_grad():
-        reference = gm(example)
-        again = gm(example)
+        reference = call_model(gm, example)
+        again = call_model(gm, example)
     if not _same_outputs(reference, again):
         raise ValueError("the torch.export program gives different outputs on two runs with the same input "
                          "(dropout or other randomness exported in training mode?): call model.eval() before "
@@ -617,7 +633,7 @@ def _lift_exported(gm: fx.GraphModule, example: torch.Tensor) -> tuple[dict[str,
     gm.graph.lint()
     gm.recompile()
     with torch.no_grad():
-        out = gm(example)
+        out = call_model(gm, example)
     if not _same_outputs(reference, out):  # pragma: no cover - a bug in the tables above
         raise RuntimeError("rebuilding modules from the torch.export program changed its outputs (a quanta bug, "
                            "please report it); pass the state dict with --model-class instead")
@@ -768,10 +784,23 @@ def _ensure_parents(gm: nn.Module, path: str) -> None:
 
 
 # ---------------------------------------------------------------------- calibration data
-def load_calibration(path: str | os.PathLike, arg: str = "--calib") -> torch.Tensor:
-    """The calibration tensor in ``path``: ``.npy`` (no pickle) or ``.pt`` (a tensor, or a dict with ``"x"`` /
-    ``"inputs"``, loaded with ``torch.load(weights_only=True)``); the format is told by content. Error messages
-    name the file as ``arg`` (the CLI flag it came from)."""
+def load_calibration(path: str | os.PathLike, arg: str = "--calib",
+                     input_names: list[str] | None = None) -> Batch:
+    """The calibration inputs in ``path``: ``.npy`` (no pickle) or ``.pt`` (loaded with
+    ``torch.load(weights_only=True)``); the format is told by content. Error messages name the file as ``arg``
+    (the CLI flag it came from).
+
+    A ``.pt`` file holds a tensor; a tuple/list of tensors (the model's positional inputs, in order); or a
+    dict of tensors whose keys are all names of the model's forward parameters (``input_names``, in the
+    forward's order; passed in that order, so they must not skip a parameter), else a dict with an ``"x"``
+    or ``"inputs"`` tensor. Returns a tensor for one input, a tuple of tensors for several, all with the same
+    (non-zero) size along dim 0.
+    """
+    return _resolve_data(_read_data(path, arg), os.fspath(path), arg, input_names)
+
+
+def _read_data(path: str | os.PathLike, arg: str) -> Any:
+    """The raw content of a data file: a tensor, a tuple of tensors or a dict (checked by :func:`_resolve_data`)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{arg} file not found: {path}")
@@ -789,8 +818,8 @@ def load_calibration(path: str | os.PathLike, arg: str = "--calib") -> torch.Ten
                              "load; save a numeric array)") from None
         if array.dtype.kind not in "fiub":
             raise ValueError(f"{arg} {path}: a {array.dtype} array; expected numbers")
-        data = torch.from_numpy(np.ascontiguousarray(array))
-    elif zipfile.is_zipfile(path):
+        return torch.from_numpy(np.ascontiguousarray(array))
+    if zipfile.is_zipfile(path):
         names = _zip_names(path) or []
         if _archive_kind(names) != "torch_save":
             raise ValueError(f"{arg} {path} is a torch archive but not a torch.save file of a tensor")
@@ -799,29 +828,91 @@ def load_calibration(path: str | os.PathLike, arg: str = "--calib") -> torch.Ten
         except Exception as e:  # noqa: BLE001
             raise ValueError(f"{arg} {path} holds pickled Python objects{_pickled(e)}, which quanta does not "
                              "unpickle (torch.load(weights_only=True)); save a tensor") from None
-        data = _tensor_of(obj, path, arg)
-    else:
-        raise ValueError(f"{arg} {path}: not a .pt (torch.save) or .npy file")
-    if data.dim() == 0 or data.shape[0] == 0:
-        raise ValueError(f"{arg} {path}: need samples along dim 0, got a tensor of shape {tuple(data.shape)}")
-    return data
+        if isinstance(obj, (tuple, list)):
+            if not obj or not all(isinstance(t, torch.Tensor) for t in obj):
+                kinds = _shortlist([type(t).__name__ for t in obj])
+                raise ValueError(f"{arg} {path}: a {type(obj).__name__} of inputs must hold tensors only, one per "
+                                 f"input of the model (got {kinds or 'nothing'})")
+            return tuple(obj)
+        if isinstance(obj, (torch.Tensor, dict)):
+            return obj
+        raise ValueError(f"{arg} {path}: expected a tensor, a tuple/list of tensors or a dict of tensors, got "
+                         f"{type(obj).__name__}")
+    raise ValueError(f"{arg} {path}: not a .pt (torch.save) or .npy file")
 
 
-def _tensor_of(obj: Any, path: str, arg: str) -> torch.Tensor:
+def _resolve_data(obj: Any, path: str, arg: str, input_names: list[str] | None) -> Batch:
+    """``obj`` (from :func:`_read_data`) as the model's inputs: one tensor, or a tuple in the forward's order."""
+    labels: list[str]
     if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, dict):
-        for key in ("x", "inputs"):
-            if isinstance(obj.get(key), torch.Tensor):
-                return obj[key]
-        raise ValueError(f"{arg} {path}: a dict without an 'x' or 'inputs' tensor (keys: "
-                         f"{_shortlist([str(k) for k in obj])})")
-    raise ValueError(f"{arg} {path}: expected a tensor or a dict with an 'x'/'inputs' tensor, got "
-                     f"{type(obj).__name__}")
+        inputs, labels = (obj,), ["input"]
+    elif isinstance(obj, tuple):
+        inputs = obj
+        labels = [f"input {i}" + (f" ({input_names[i]})" if input_names and i < len(input_names) else "")
+                  for i in range(len(obj))]
+    else:
+        inputs, labels = _dict_inputs(obj, path, arg, input_names)
+    for t, label in zip(inputs, labels):
+        if t.dim() == 0 or t.shape[0] == 0:
+            what = "a tensor" if len(inputs) == 1 else label
+            raise ValueError(f"{arg} {path}: need samples along dim 0, got {what} of shape {tuple(t.shape)}")
+    sizes = [t.shape[0] for t in inputs]
+    if len(set(sizes)) > 1:
+        bad = next(i for i, n in enumerate(sizes) if n != sizes[0])
+        raise ValueError(f"{arg} {path}: every input needs the same number of samples along dim 0, but "
+                         f"{labels[bad]} has {sizes[bad]} and {labels[0]} has {sizes[0]}")
+    return inputs[0] if len(inputs) == 1 else tuple(inputs)
 
 
-def _batches(data: torch.Tensor, size: int, limit: int | None) -> list[torch.Tensor]:
-    batches = list(torch.split(data, size, dim=0))
+def _dict_inputs(obj: dict[Any, Any], path: str, arg: str, input_names: list[str] | None
+                 ) -> tuple[tuple[torch.Tensor, ...], list[str]]:
+    keys = [str(k) for k in obj]
+    names = list(input_names or [])
+    if names and obj and all(isinstance(k, str) and k in names for k in obj):
+        ordered = [n for n in names if n in obj]
+        if ordered != names[:len(ordered)]:
+            skipped = [n for n in names[:names.index(ordered[-1])] if n not in obj]
+            raise ValueError(f"{arg} {path}: the dict has {_shortlist(ordered)} but not {_shortlist(skipped)}, "
+                             f"which come(s) before them in the forward's parameters ({_shortlist(names)}); "
+                             "the inputs are passed in that order, so add the missing ones")
+        for n in ordered:
+            if not isinstance(obj[n], torch.Tensor):
+                raise ValueError(  # noqa: TRY004  (an input error: exit status 2 with the CLI's other ValueErrors)
+                    f"{arg} {path}: the dict's {n!r} is a {type(obj[n]).__name__}, not a tensor")
+        return tuple(obj[n] for n in ordered), ordered
+    for key in ("x", "inputs"):
+        if isinstance(obj.get(key), torch.Tensor):
+            return (obj[key],), [key]
+    forward = f"({_shortlist(names)})" if names else "(unknown)"
+    raise ValueError(f"{arg} {path}: a dict without an 'x' or 'inputs' tensor whose keys ({_shortlist(keys)}) are "
+                     f"not all names of the model's forward parameters {forward}")
+
+
+def _forward_names(model: nn.Module) -> list[str]:
+    """The names of ``model.forward``'s positional parameters (for a torch.export program's ``.module()``:
+    the program's input names)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover - a forward without a signature
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _as_inputs(batch: Batch) -> tuple[torch.Tensor, ...]:
+    return batch if isinstance(batch, tuple) else (batch,)
+
+
+def _rows(batch: Batch) -> int:
+    return int(_as_inputs(batch)[0].shape[0])
+
+
+def _batches(data: Batch, size: int, limit: int | None) -> list[Batch]:
+    if isinstance(data, tuple):
+        batches: list[Batch] = list(zip(*(torch.split(t, size, dim=0) for t in data)))
+    else:
+        batches = list(torch.split(data, size, dim=0))
     return batches[:limit] if limit is not None else batches
 
 
@@ -838,7 +929,7 @@ class QuantizeResult:
     param_quantizers: int
     activation_quantizers: int
     num_batches: int
-    batch_shape: tuple[int, ...]
+    batch_shape: tuple[Any, ...]  # ints; for several inputs, one shape per input
     sqnr_db: float
     files: dict[str, int]  # file name -> bytes
     notes: list[str] = field(default_factory=list)
@@ -846,13 +937,14 @@ class QuantizeResult:
     left: dict[str, int] = field(default_factory=dict)
 
 
-def _run(model: nn.Module, x: torch.Tensor, what: str, arg: str = "--calib") -> Any:
+def _run(model: nn.Module, x: Batch, what: str, arg: str = "--calib") -> Any:
     try:
         with torch.no_grad():
-            return model(x)
+            return call_model(model, x)
     except Exception as e:  # noqa: BLE001  (shape/dtype mismatch between DATA and MODEL)
-        raise ValueError(f"the model rejects {what} of shape {tuple(x.shape)} and dtype "
-                         f"{str(x.dtype).removeprefix('torch.')} from {arg}: {_first_line(e)}") from None
+        dtypes = ", ".join(str(t.dtype).removeprefix("torch.") for t in _as_inputs(x))
+        raise ValueError(f"the model rejects {what} of {format_batch_shape(batch_shape(x))} and "
+                         f"dtype{'s' if isinstance(x, tuple) else ''} {dtypes} from {arg}: {_first_line(e)}") from None
 
 
 def load_quantsim_config(path: str | os.PathLike | None) -> Any:
@@ -875,7 +967,8 @@ class ModelAndBatches:
 
     Attributes:
         loaded: the model (a torch.export program's aten calls already rebuilt as modules).
-        batches: the calibration batches (the first ``num_batches``); ``batches[0]`` is the dummy input.
+        batches: the calibration batches (the first ``num_batches``); ``batches[0]`` is the dummy input. A
+            batch is a tensor, or a tuple of tensors (the forward's positional inputs) for several inputs.
         eval_batches: with ``evaluate``, every batch of the evaluation data (``eval_path``, or all of the
             calibration data when there is none); else ``batches``.
         batch_size: the batch size used.
@@ -883,10 +976,11 @@ class ModelAndBatches:
     """
 
     loaded: LoadedModel
-    batches: list[torch.Tensor]
-    eval_batches: list[torch.Tensor]
+    batches: list[Batch]
+    eval_batches: list[Batch]
     batch_size: int
     notes: list[str] = field(default_factory=list)
+    input_names: list[str] = field(default_factory=list)
 
 
 def prepare_model_and_batches(model_path: str | os.PathLike, data_path: str | os.PathLike, *,
@@ -903,49 +997,71 @@ def prepare_model_and_batches(model_path: str | os.PathLike, data_path: str | os
     ``evaluate``: also split the evaluation data (``eval_path``, else all of ``data_path``) into
     ``eval_batches``; otherwise ``eval_batches`` is ``batches``.
     """
-    data = load_calibration(data_path, data_arg)
-    eval_data = load_calibration(eval_path, eval_arg) if evaluate and eval_path is not None else None
+    raw = _read_data(data_path, data_arg)
+    raw_eval = _read_data(eval_path, eval_arg) if evaluate and eval_path is not None else None
     loaded = load_model(model_path, model_class)
+    names = _forward_names(loaded.model)
+    data = _resolve_data(raw, os.fspath(data_path), data_arg, names)
+    eval_data = _resolve_data(raw_eval, os.fspath(eval_path), eval_arg, names) if raw_eval is not None else None
+    n_inputs = len(_as_inputs(data))
+    if eval_data is not None and len(_as_inputs(eval_data)) != n_inputs:
+        raise ValueError(f"{eval_arg} {eval_path} holds {len(_as_inputs(eval_data))} input(s) but {data_arg} holds "
+                         f"{n_inputs}: give both the same inputs of the model")
+    if loaded.kind == "export" and len(loaded.input_shapes) != n_inputs:
+        raise ValueError(f"{data_arg} {data_path} holds {n_inputs} input(s) but the torch.export program takes "
+                         f"{len(loaded.input_shapes)} ({_shortlist(names)}): pass one tensor per input, as a tuple "
+                         "or a dict keyed by these names in a .pt file")
     dtype = next((p.dtype for p in loaded.model.parameters() if p.is_floating_point()), torch.float32)
     notes: list[str] = []
 
-    def cast(x: torch.Tensor, arg: str) -> torch.Tensor:
-        if x.is_floating_point() and x.dtype != dtype:
-            what = "calibration" if arg == "--calib" else arg
-            notes.append(f"{what} data cast from {str(x.dtype).removeprefix('torch.')} to "
-                         f"{str(dtype).removeprefix('torch.')}")
-            x = x.to(dtype)
-        return x
+    def cast(x: Batch, arg: str) -> Batch:
+        out = []
+        for t in _as_inputs(x):
+            if t.is_floating_point() and t.dtype != dtype:
+                what = "calibration" if arg == "--calib" else arg
+                note = (f"{what} data cast from {str(t.dtype).removeprefix('torch.')} to "
+                        f"{str(dtype).removeprefix('torch.')}")
+                if note not in notes:
+                    notes.append(note)
+                t = t.to(dtype)
+            out.append(t)
+        return tuple(out) if isinstance(x, tuple) else out[0]
 
     data = cast(data, data_arg)
     if eval_data is not None:
         eval_data = cast(eval_data, eval_arg)
 
-    static = loaded.input_shape
-    if static is not None:
+    statics = loaded.input_shapes if loaded.kind == "export" else []
+    static_batch = None
+    if statics:
         for x, arg in ((data, data_arg), (eval_data, eval_arg)):
-            if x is not None and (len(static) != x.dim()
-                                  or any(s is not None and s != d for s, d in zip(static[1:], x.shape[1:]))):
-                shown = tuple("?" if s is None else s for s in static)
-                raise ValueError(f"{arg} samples have shape {tuple(x.shape[1:])} but the torch.export program takes "
-                                 f"input of shape {shown}: the data does not fit the model")
-        if static[0] is not None:
-            if batch_size is not None and batch_size != static[0]:
-                raise ValueError(f"the torch.export program was exported with a static batch size of {static[0]}: "
-                                 f"pass --batch-size {static[0]} (or re-export with a dynamic batch dimension, "
+            if x is None:
+                continue
+            for i, (t, static) in enumerate(zip(_as_inputs(x), statics)):
+                if static is not None and (len(static) != t.dim() or any(
+                        s is not None and s != d for s, d in zip(static[1:], t.shape[1:]))):
+                    shown = tuple("?" if s is None else s for s in static)
+                    which = "" if n_inputs == 1 else f" input {i}" + (f" ({names[i]})" if i < len(names) else "")
+                    raise ValueError(f"{arg}{which} samples have shape {tuple(t.shape[1:])} but the torch.export "
+                                     f"program takes input of shape {shown}: the data does not fit the model")
+        static_batch = next((s[0] for s in statics if s is not None and s[0] is not None), None)
+        if static_batch is not None:
+            if batch_size is not None and batch_size != static_batch:
+                raise ValueError(f"the torch.export program was exported with a static batch size of {static_batch}: "
+                                 f"pass --batch-size {static_batch} (or re-export with a dynamic batch dimension, "
                                  "torch.export.Dim)")
-            batch_size = static[0]
+            batch_size = static_batch
             for x, arg in ((data, data_arg), (eval_data, eval_arg)):
-                if x is not None and x.shape[0] < batch_size:
-                    raise ValueError(f"{arg} has {x.shape[0]} samples, fewer than the torch.export program's static "
+                if x is not None and _rows(x) < batch_size:
+                    raise ValueError(f"{arg} has {_rows(x)} samples, fewer than the torch.export program's static "
                                      f"batch size {batch_size}")
     batch_size = batch_size or DEFAULT_BATCH_SIZE
-    fixed = static is not None and static[0] is not None
+    fixed = static_batch is not None
 
-    def split(x: torch.Tensor, limit: int | None, what: str) -> list[torch.Tensor]:
+    def split(x: Batch, limit: int | None, what: str) -> list[Batch]:
         batches = _batches(x, batch_size, limit)
-        if fixed and batches[-1].shape[0] != batch_size:
-            notes.append(f"last {what}batch of {batches[-1].shape[0]} samples dropped (the program's batch size "
+        if fixed and _rows(batches[-1]) != batch_size:
+            notes.append(f"last {what}batch of {_rows(batches[-1])} samples dropped (the program's batch size "
                          "is static)")
             batches = batches[:-1]
         return batches
@@ -964,15 +1080,15 @@ def prepare_model_and_batches(model_path: str | os.PathLike, data_path: str | os
         _run(model, dummy, "calibration batches", data_arg)
         loaded.lifted, loaded.left = _lift_exported(model, dummy)
     _run(model, dummy, "calibration batches", data_arg)
-    if len(batches) > 1 and batches[-1].shape != dummy.shape:
+    if len(batches) > 1 and batch_shape(batches[-1]) != batch_shape(dummy):
         _run(model, batches[-1], "the last (smaller) calibration batch", data_arg)
     if eval_data is not None:
         _run(model, eval_batches[0], "evaluation batches", eval_arg)
-        if len(eval_batches) > 1 and eval_batches[-1].shape != eval_batches[0].shape:
+        if len(eval_batches) > 1 and batch_shape(eval_batches[-1]) != batch_shape(eval_batches[0]):
             _run(model, eval_batches[-1], "the last (smaller) evaluation batch", eval_arg)
-    elif eval_batches is not batches and eval_batches[-1].shape != dummy.shape:
+    elif eval_batches is not batches and batch_shape(eval_batches[-1]) != batch_shape(dummy):
         _run(model, eval_batches[-1], "the last (smaller) batch", data_arg)
-    return ModelAndBatches(loaded, batches, eval_batches, batch_size, notes)
+    return ModelAndBatches(loaded, batches, eval_batches, batch_size, notes, names[:n_inputs])
 
 
 def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike, out_dir: str | os.PathLike,
@@ -1027,7 +1143,7 @@ def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike,
     warned.extend(caught)
     with torch.no_grad():
         sim.model.eval()
-        sqnr = sqnr_db(reference, flat_outputs(sim.model(dummy)))
+        sqnr = sqnr_db(reference, flat_outputs(call_model(sim.model, dummy)))
 
     version = cfg.encoding_version.value
     _check_version(sim, cfg.encoding_version)  # before anything is written
@@ -1056,7 +1172,7 @@ def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike,
         log(f"note: {note}")
     _log_warnings(warned, log)
     return QuantizeResult(out, loaded.kind, quantized, list(sim.unquantized_modules), list(sim.float_ops), n_param,
-                          len(named) - n_param, len(batches), tuple(dummy.shape), sqnr,
+                          len(named) - n_param, len(batches), batch_shape(dummy), sqnr,
                           {f: (out / f).stat().st_size for f in written}, notes, loaded.lifted, loaded.left)
 
 
@@ -1170,7 +1286,7 @@ def format_summary(result: QuantizeResult) -> str:
     if result.model_kind == "export":
         lines.append(f"torch.export program: rebuilt {sum(result.lifted.values())} aten calls as modules/functions"
                      + (f"; left as aten: {_shortlist(sorted(result.left))}" if result.left else ""))
-    lines.append(f"calibrated on {result.num_batches} batches of shape {result.batch_shape}")
+    lines.append(f"calibrated on {result.num_batches} batches of {format_batch_shape(result.batch_shape)}")
     sq = "inf (identical)" if math.isinf(result.sqnr_db) else f"{result.sqnr_db:.1f} dB"
     lines.append(f"output SQNR (sim vs float, first batch): {sq}")
     lines.append(f"files written to {result.out_dir}:")
