@@ -5,88 +5,30 @@ as a tuple or as a dict keyed by the forward's parameter names in a ``.pt`` file
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 
 import pytest
 import torch
+from quantsim_models import HFEncoder, make_token_data
 
 from quanta.cli import main
 from quanta.tools import bench_model as bm
 from quanta.tools.measure import batch_shape, call_model, format_batch_shape, time_ratio
 
-MODULE = "quanta_test_multinets"
-SOURCE = '''
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-class _EncoderLayer(nn.Module):
-    """Post-LN BERT layer: separate q/k/v Linear layers, F.scaled_dot_product_attention, GELU MLP."""
-
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.query, self.key, self.value = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
-        self.out = nn.Linear(dim, dim)
-        self.ln1 = nn.LayerNorm(dim)
-        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-        self.ln2 = nn.LayerNorm(dim)
-
-    def _heads(self, x):
-        b, t, d = x.shape
-        return x.view(b, t, self.heads, d // self.heads).permute(0, 2, 1, 3)
-
-    def forward(self, x, mask):
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).permute(0, 2, 1, 3).reshape(x.shape)
-        x = self.ln1(x + self.out(a))
-        return self.ln2(x + self.fc2(F.gelu(self.fc1(x))))
-
-
-class HFEncoder(nn.Module):
-    """A Hugging Face-style encoder: (input_ids, attention_mask) in, a dict out."""
-
-    def __init__(self, vocab=100, dim=32, heads=4, layers=2):
-        super().__init__()
-        self.word = nn.Embedding(vocab, dim)
-        self.position = nn.Embedding(64, dim)
-        self.ln = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList([_EncoderLayer(dim, heads) for _ in range(layers)])
-        self.pool = nn.Linear(dim, dim)
-
-    def forward(self, input_ids, attention_mask):
-        t = input_ids.shape[1]
-        x = self.ln(self.word(input_ids) + self.position(torch.arange(t, device=input_ids.device)))
-        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
-        for layer in self.layers:
-            x = layer(x, mask)
-        return {"last_hidden_state": x, "pooler_output": torch.tanh(self.pool(x[:, 0]))}
-'''
-CLASS = f"{MODULE}:HFEncoder"
-
-
-def _tokens(n: int, seq: int = 16, vocab: int = 100, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and an attention mask whose rows end in 0-6 padding positions."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (n, seq), generator=g)
-    pad = torch.randint(0, 7, (n,), generator=g)
-    mask = (torch.arange(seq)[None, :] < (seq - pad)[:, None]).long()
-    return ids, mask
+# the encoder of the QuantSim tests (tests/quantsim is on pytest's pythonpath, so --model-class finds it)
+CLASS = "quantsim_models:HFEncoder"
 
 
 @pytest.fixture(scope="module")
-def d(tmp_path_factory, write_module):
+def d(tmp_path_factory):
     root = tmp_path_factory.mktemp("multi")
-    mod = write_module(root, MODULE, SOURCE)
     torch.manual_seed(0)
-    model = mod.HFEncoder().eval()
-    ids, mask = _tokens(40)
+    model = HFEncoder().eval()
+    ids, mask = make_token_data(40)
     torch.save(model.state_dict(), root / "enc.pt")
     torch.save((ids, mask), root / "tuple.pt")
     torch.save({"attention_mask": mask, "input_ids": ids}, root / "dict.pt")  # not in the forward's order
-    torch.save(list(_tokens(20, seed=1)), root / "eval.pt")
+    torch.save(list(make_token_data(20, seed=1)), root / "eval.pt")
     torch.save((ids, mask[:30]), root / "sizes.pt")
     torch.save({"input_ids": ids, "token_type_ids": mask}, root / "badkeys.pt")
     torch.save({"attention_mask": mask}, root / "skips.pt")
@@ -95,8 +37,7 @@ def d(tmp_path_factory, write_module):
         warnings.simplefilter("ignore")
         program = torch.export.export(model, (ids[:8], mask[:8]))  # a static batch of 8
     torch.export.save(program, root / "enc.pt2")
-    yield {"dir": root, "mod": mod, "model": model, "ids": ids, "mask": mask}
-    sys.modules.pop(MODULE, None)
+    return {"dir": root, "model": model, "ids": ids, "mask": mask}
 
 
 @pytest.fixture
