@@ -118,6 +118,20 @@ def _parsed(parse):  # a tools/ parser as an argparse type: its ValueError becom
     return convert
 
 
+def _add_model_arguments(p: argparse.ArgumentParser, qm: Any, batch_help: str) -> None:
+    """MODEL and the flags that say how to load it and batch its data (shared by quantize and bench)."""
+    p.add_argument("model", metavar="MODEL",
+                   help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
+    p.add_argument("--model-class", type=_parsed(qm.check_model_class),
+                   metavar="MODULE:CLASS", help="the nn.Module class of a state dict, e.g. mypkg.nets:TinyNet")
+    p.add_argument("--batch-size", type=_positive_int,
+                   help=f"{batch_help} (default {qm.DEFAULT_BATCH_SIZE}, or a torch.export program's static "
+                        "batch size)")
+    p.add_argument("--num-batches", type=_positive_int, help="calibrate on the first N batches (default all)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``quanta`` (exposed for tests and docs)."""
     parser = _Parser(prog="quanta", description="Quantization for PyTorch: simulate, store, export.")
@@ -144,13 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = qm.QuantizeConfig()
     quantize = sub.add_parser("quantize", help="calibrate a saved model; write encodings, ONNX and quantized weights")
-    quantize.add_argument("model", metavar="MODEL",
-                          help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
     quantize.add_argument("--calib", required=True, metavar="DATA",
                           help="calibration inputs: a tensor in a .pt file (or a dict with 'x'/'inputs') or a .npy; "
                                "several inputs: a .pt tuple of tensors, or a dict keyed by the forward's "
                                "parameter names")
     quantize.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    _add_model_arguments(quantize, qm, "calibration batch size")
     quantize.add_argument("--config", metavar="CFG", help="quantsim config file (.json/.yaml); default: built in")
     quantize.add_argument("--scheme", type=_parsed(qm.parse_scheme),
                           help=f"calibration scheme: {', '.join(s.value for s in qm.QuantScheme)} "
@@ -161,23 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     quantize.add_argument("--encoding-version", type=_parsed(qm.parse_encoding_version),
                           help=f"AIMET encodings version of model.encodings: "
                                f"{', '.join(v.value for v in qm.EncodingsVersion)} (default {d.encoding_version.value})")
-    quantize.add_argument("--model-class", type=_parsed(qm.check_model_class),
-                          metavar="MODULE:CLASS", help="the nn.Module class of a state dict, e.g. mypkg.nets:TinyNet")
-    quantize.add_argument("--batch-size", type=_positive_int,
-                          help=f"calibration batch size (default {qm.DEFAULT_BATCH_SIZE}, or a torch.export "
-                               "program's static batch size)")
-    quantize.add_argument("--num-batches", type=_positive_int, help="calibrate on the first N batches (default all)")
     quantize.add_argument("--fold-bn", action="store_true",
                           help="fold BatchNorm layers into the Conv/Linear next to them first, as a device does "
                                "(the written weights and graph are the folded model's)")
     quantize.add_argument("--no-onnx", action="store_true", help="write model.encodings without model.onnx")
-    quantize.add_argument("--no-progress", action="store_true", help="no progress bar")
-    quantize.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
     quantize.set_defaults(func=_cmd_quantize)
 
     bench = sub.add_parser("bench", help="compare quantization schemes on a saved model: SQNR, weight bytes, latency")
-    bench.add_argument("model", metavar="MODEL",
-                       help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
     bench.add_argument("--data", required=True, metavar="DATA",
                        help="calibration inputs, as quantize's --calib: a tensor in a .pt file (or a dict with "
                             "'x'/'inputs') or a .npy; several inputs: a .pt tuple of tensors, or a dict keyed by "
@@ -185,15 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--eval", metavar="DATA2",
                        help="evaluation inputs for the SQNR and the latency, laid out as --data (default: all of "
                             "--data)")
-    bench.add_argument("--model-class", type=_parsed(qm.check_model_class),
-                       metavar="MODULE:CLASS", help="the nn.Module class of a state dict, e.g. mypkg.nets:TinyNet")
+    _add_model_arguments(bench, qm, "batch size")
     bench.add_argument("--config", metavar="CFG", help="quantsim config file of the W8A8 row; default: built in")
-    bench.add_argument("--batch-size", type=_positive_int,
-                       help=f"batch size (default {qm.DEFAULT_BATCH_SIZE}, or a torch.export program's static "
-                            "batch size)")
-    bench.add_argument("--num-batches", type=_positive_int, help="calibrate on the first N batches (default all)")
-    bench.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's)")
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--json", action="store_true", help="print the rows and notes as JSON")
     bench.set_defaults(func=_cmd_bench)
     return parser
