@@ -425,17 +425,8 @@ class QuantizationSimModel:
         the copy's parameters first. ``model`` is not modified."""
         original = copy.deepcopy(model)
         if qdq_weights:
-            for name, m in original.named_modules():
-                if isinstance(m, QuantizationMixin):
-                    for pname, q in m.param_quantizers.items():
-                        if q is None:
-                            continue
-                        if not q.is_initialized():
-                            raise RuntimeError(f"{name}.param_quantizers.{pname} is not initialised; "
-                                               "run compute_encodings() first (or qdq_weights=False)")
-                        p = getattr(m, pname)
-                        with torch.no_grad():
-                            p.copy_(q(p).as_subclass(torch.Tensor))
+            _fold_params(((n, m) for n, m in original.named_modules() if isinstance(m, QuantizationMixin)),
+                         "run compute_encodings() first (or qdq_weights=False)")
         if isinstance(original, QuantizationMixin):
             return original.to_float_module()
 
@@ -747,16 +738,7 @@ class QuantizationSimModel:
         The model then computes the same outputs with less work per forward
         (weights are on the grid already). Uninitialised parameter quantizers raise RuntimeError.
         """
-        for name, module in self.quantized_modules():
-            for pname, q in list(module.param_quantizers.items()):
-                if q is None:
-                    continue
-                if not q.is_initialized():
-                    raise RuntimeError(f"{name}.param_quantizers.{pname} is not initialised; run compute_encodings()")
-                p = getattr(module, pname)
-                with torch.no_grad():
-                    p.copy_(q(p).as_subclass(torch.Tensor))
-                module.param_quantizers[pname] = None
+        _fold_params(self.quantized_modules(), "run compute_encodings()")
 
     # ------------------------------------------------------------------ export
     def export(
@@ -942,6 +924,21 @@ def _parse_entry(name: str, entry: Any) -> AffineEncoding | FloatEncoding:
     except (TypeError, ValueError, KeyError, OverflowError) as e:  # OverflowError: int(inf) in a shape
         raise ValueError(f"encodings[{name!r}]: {e}") from None
     return enc
+
+
+def _fold_params(modules: Iterable[tuple[str, QuantizationMixin]], hint: str) -> None:
+    """Replace each quantized parameter of ``modules`` (``(name, module)`` pairs) by its fake-quantized value
+    and remove its quantizer; RuntimeError (``hint`` says what to do) for an uninitialised quantizer."""
+    for name, module in modules:
+        for pname, q in list(module.param_quantizers.items()):
+            if q is None:
+                continue
+            if not q.is_initialized():
+                raise RuntimeError(f"{name}.param_quantizers.{pname} is not initialised; {hint}")
+            p = getattr(module, pname)
+            with torch.no_grad():
+                p.copy_(q(p).as_subclass(torch.Tensor))
+            module.param_quantizers[pname] = None
 
 
 from quanta.quantsim.report import LayerSQNRReport  # noqa: E402  (type used in an annotation above)
