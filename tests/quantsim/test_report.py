@@ -27,7 +27,7 @@ def _sqnr(refs: list[torch.Tensor], outs: list[torch.Tensor]) -> float:
 
 def _sim(model: nn.Module, batches: list, **kwargs) -> QuantizationSimModel:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # TransformerBlock's truediv stays float
+        warnings.simplefilter("ignore", UserWarning)  # TransformerBlock's div stays float
         sim = QuantizationSimModel(model, batches[0], **kwargs)
     sim.compute_encodings(batches, progress=False)
     return sim

@@ -59,6 +59,7 @@ __all__ = [
     "QuantizedMultiply",
     "QuantizedReLU",
     "QuantizedReLU6",
+    "QuantizedRMSNorm",
     "QuantizedSiLU",
     "QuantizedSigmoid",
     "QuantizedSoftmax",
@@ -166,6 +167,20 @@ class QuantizedGroupNorm(_QuantizedNorm, nn.GroupNorm):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         y = F.group_norm(self._qinput(0, input), self.num_groups, self._qparam("weight"),
                          self._qparam("bias"), self.eps)
+        return self._qoutput(y, owned=True)
+
+
+class QuantizedRMSNorm(_QuantizedNorm, nn.RMSNorm):
+    """Quantized :class:`torch.nn.RMSNorm` (hand-written RMSNorms of transformers models are captured as it).
+
+    >>> import quanta.nn
+    >>> norm = quanta.nn.QuantizedRMSNorm(4)
+    >>> norm.param_quantizers["weight"], norm.output_quantizers[0] is not None
+    (QuantizeDequantize(shape=(), qmin=-128, qmax=127, symmetric=True), True)
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        y = F.rms_norm(self._qinput(0, input), self.normalized_shape, self._qparam("weight"), self.eps)
         return self._qoutput(y, owned=True)
 
 
@@ -362,6 +377,7 @@ BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
     nn.Embedding: QuantizedEmbedding,
     nn.LayerNorm: QuantizedLayerNorm,
     nn.GroupNorm: QuantizedGroupNorm,
+    nn.RMSNorm: QuantizedRMSNorm,
     nn.BatchNorm1d: QuantizedBatchNorm1d,
     nn.BatchNorm2d: QuantizedBatchNorm2d,
     nn.ReLU: QuantizedReLU,

@@ -23,7 +23,7 @@ from quanta.quantsim.config import (
     QuantSimConfig,
     op_types_of,
 )
-from quanta.quantsim.preparer import PreparedModel, prepare_model
+from quanta.quantsim.capture import CaptureMethod, PreparedModel, prepare_model
 from quanta.quantsim.quantsim import QuantizationSimModel
 from quanta.quantsim.report import LayerSQNR, LayerSQNRReport
 from quanta.quantsim.scheme import QuantScheme
@@ -33,6 +33,7 @@ __all__ = [
     "DataType",
     "LayerSQNR",
     "LayerSQNRReport",
+    "CaptureMethod",
     "PreparedModel",
     "QuantScheme",
     "QuantSimConfig",

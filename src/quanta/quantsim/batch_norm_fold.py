@@ -87,10 +87,10 @@ def _forward_foldable(layer: nn.Module, bn_input_dims: int | None) -> bool:
 def _find_pairs(model: nn.Module, args: tuple) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """``(layer → BN pairs, BN → layer pairs)`` as module names, from a torch.fx trace of ``model``."""
     from quanta.quantsim.preparer import (
-        _trace,  # the preparer's tracer: nn modules stay leaves
+        fx_trace,  # the preparer's tracer: nn modules stay leaves
     )
 
-    gm = _trace(model, args)
+    gm = fx_trace(model, args)
     with eval_mode(gm), torch.no_grad():
         ShapeProp(gm).propagate(*args)
     calls: dict[str, int] = {}

@@ -733,6 +733,7 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
         },
         "LayerNormalization": {"per_channel_quantization": False},
         "GroupNormalization": {"per_channel_quantization": False},
+        "RMSNormalization": {"per_channel_quantization": False},
         # The residual stream: an add's output has the widest range in the network and costs no MACs, so
         # it stays in float (as TensorRT/ModelOpt place Q/DQ, and as AIMET runs without its model preparer);
         # one 8-bit per-tensor quantizer there caps a transformer block's output near 38 dB. Its consumers
@@ -808,7 +809,7 @@ _ONNX_NAMES: dict[type[nn.Module], str] = {
     nn.ConvTranspose1d: "ConvTranspose", nn.ConvTranspose2d: "ConvTranspose", nn.ConvTranspose3d: "ConvTranspose",
     nn.Linear: "Gemm",
     nn.ReLU: "Relu", nn.GELU: "Gelu",
-    nn.LayerNorm: "LayerNormalization", nn.GroupNorm: "GroupNormalization",
+    nn.LayerNorm: "LayerNormalization", nn.GroupNorm: "GroupNormalization", nn.RMSNorm: "RMSNormalization",
     nn.BatchNorm1d: "BatchNormalization", nn.BatchNorm2d: "BatchNormalization", nn.BatchNorm3d: "BatchNormalization",
     nn.InstanceNorm1d: "InstanceNormalization", nn.InstanceNorm2d: "InstanceNormalization",
     nn.InstanceNorm3d: "InstanceNormalization",

@@ -1,11 +1,11 @@
-"""Make a model quantizable: functional ops inside ``forward`` become modules.
+"""Make a captured model quantizable: functional ops inside ``forward`` become modules.
 
 A quantizer lives in a module, so ``torch.matmul(q, k)`` or ``x + residual``
-written inside ``forward`` has nowhere to keep one. :func:`prepare_model`
-traces the model with :mod:`torch.fx` (modules that quanta can quantize, and
-``torch.nn`` modules, stay leaves), runs ``dummy_input`` through the trace to
-learn which values are floating-point tensors, and replaces each float-tensor
-call of a known functional op by a call of a module (:class:`quanta.nn.Add`,
+written inside ``forward`` has nowhere to keep one. Once a model is captured as
+a graph (:mod:`quanta.quantsim.capture`: torch.export, or torch.fx tracing with
+:func:`fx_trace`), :func:`convert_functional_ops` runs the example input through
+it to learn which values are floating-point activations and replaces each call
+of a known functional op on them by a call of a module (:class:`quanta.nn.Add`,
 ``Multiply``, ``MatMul``, ``Concat``, ``nn.Softmax``, ``nn.ReLU``, ``nn.GELU``,
 ``nn.SiLU``, ``nn.Sigmoid``, ``nn.Tanh``, ...); ``F.scaled_dot_product_attention``
 is first expanded into the ops it stands for (:func:`_expand_sdpa`). The new
@@ -13,33 +13,22 @@ modules are registered under the module whose ``forward`` made the call
 (``layers.0.attn.matmul_1``), so names stay readable. Code plain torch.fx cannot
 trace because it asks a tensor for its dtype, device or rank
 (``torch.finfo(x.dtype).min``) is traced a second time with those answered from
-the dummy input's run (:class:`_ValueTracer`).
+the example's run (:class:`_ValueTracer`).
 
 Ops that change values but have no quantized counterpart (``torch.exp``,
 ``x / y``, ...) are kept in float and listed in :attr:`PreparedModel.float_ops`;
-ops that only move or select values (``view``, ``transpose``, ``getitem``,
-``size``, ...) need no quantizer and are not listed.
-
->>> import torch
->>> class Attn(torch.nn.Module):
-...     def __init__(self):
-...         super().__init__()
-...         self.q = torch.nn.Linear(8, 8)
-...     def forward(self, x):
-...         s = torch.matmul(self.q(x), x.transpose(-1, -2))
-...         return torch.softmax(s, dim=-1) @ x + x
->>> prepared = prepare_model(Attn(), (torch.randn(2, 4, 8),))
->>> [name for name, _ in prepared.inserted]
-['matmul', 'softmax', 'matmul_1', 'add']
->>> prepared.traced
-True
+ops that only move, select or cast values (``view``, ``transpose``, ``getitem``,
+``size``, ...) need no quantizer and are not listed; nor are values computed only
+from integer inputs, buffers and constants (positions, masks, rotary tables),
+which are not activations (:func:`_activation_nodes`).
 """
 
 from __future__ import annotations
 
 import copy
+import enum
 import operator
-import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +42,7 @@ from quanta.nn import Add, Concat, MatMul, Multiply
 from quanta.nn.base import eval_mode
 from quanta.nn.registry import quantized_class_for
 
-__all__ = ["PreparedModel", "prepare_model"]
+__all__ = ["CaptureMethod", "PreparedModel", "convert_functional_ops", "fx_trace"]
 
 
 def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -87,6 +76,28 @@ def _unary(factory: Callable[..., nn.Module], *keys: str) -> Callable[[fx.Node],
     return convert
 
 
+def _hardtanh(node: fx.Node):
+    lo, hi = _arg(node, 1, "min_val", -1.0), _arg(node, 2, "max_val", 1.0)
+    if not all(isinstance(v, (int, float)) for v in (lo, hi)) or _arg(node, 3, "inplace", False):
+        return None
+    return (nn.ReLU6() if (lo, hi) == (0, 6) else nn.Hardtanh(lo, hi)), (node.args[0],)
+
+
+def _leaky_relu(node: fx.Node):
+    slope = _arg(node, 1, "negative_slope", 0.01)
+    if not isinstance(slope, (int, float)) or _arg(node, 2, "inplace", False):
+        return None
+    return nn.LeakyReLU(slope), (node.args[0],)
+
+
+def _elu(node: fx.Node):
+    alpha = _arg(node, 1, "alpha", 1.0)
+    extra = [_arg(node, i, k, 1) for i, k in ((2, "scale"), (3, "input_scale"))]
+    if not isinstance(alpha, (int, float)) or extra != [1, 1] or _arg(node, 4, "inplace", False) is True:
+        return None
+    return nn.ELU(alpha), (node.args[0],)
+
+
 def _cat(node: fx.Node):
     tensors = _arg(node, 0, "tensors")
     dim = _arg(node, 1, "dim", 0)
@@ -116,7 +127,9 @@ _FUNCTIONS: dict[Any, tuple[str, Callable[[fx.Node], Any]]] = {
     torch.tanh: ("tanh", _unary(nn.Tanh)),
     F.tanh: ("tanh", _unary(nn.Tanh)),
     F.relu6: ("relu6", _unary(nn.ReLU6, "inplace")),
-    F.leaky_relu: ("leaky_relu", _unary(nn.LeakyReLU, "negative_slope", "inplace")),
+    F.leaky_relu: ("leaky_relu", _leaky_relu),
+    F.hardtanh: ("hardtanh", _hardtanh),
+    F.elu: ("elu", _elu),
     F.hardswish: ("hardswish", _unary(nn.Hardswish, "inplace")),
     F.hardsigmoid: ("hardsigmoid", _unary(nn.Hardsigmoid, "inplace")),
     F.mish: ("mish", _unary(nn.Mish, "inplace")),
@@ -154,30 +167,94 @@ _PASSTHROUGH_MODULES: tuple[type[nn.Module], ...] = (
 )
 
 
+_aten = torch.ops.aten
+# aten op -> the torch function with the same signature, which the functional-op rewrite knows
+_ATEN_FUNCTIONS: dict[Any, Any] = {
+    _aten.add.Tensor: torch.add, _aten.mul.Tensor: torch.mul, _aten.matmul.default: torch.matmul,
+    _aten.bmm.default: torch.bmm, _aten.cat.default: torch.cat, _aten.concat.default: torch.cat,
+    _aten.concatenate.default: torch.cat, _aten.softmax.int: torch.softmax,
+    _aten.relu.default: torch.relu, _aten.sigmoid.default: torch.sigmoid, _aten.tanh.default: torch.tanh,
+    _aten.gelu.default: F.gelu, _aten.silu.default: F.silu, _aten.hardswish.default: F.hardswish,
+    _aten.hardsigmoid.default: F.hardsigmoid, _aten.mish.default: F.mish, _aten.leaky_relu.default: F.leaky_relu,
+    _aten.hardtanh.default: F.hardtanh, _aten.relu6.default: F.relu6, _aten.elu.default: F.elu,
+    _aten.scaled_dot_product_attention.default: F.scaled_dot_product_attention,
+    _aten.dropout.default: F.dropout,
+}
+# aten ops that only move, select, cast or describe values (no quantizer needed)
+_ATEN_PASSTHROUGH: frozenset[Any] = frozenset(
+    getattr(_aten, name) for name in (
+        "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "unsqueeze", "squeeze", "slice", "select",
+        "expand", "expand_as", "clone", "contiguous", "alias", "detach", "flatten", "unflatten", "split",
+        "split_with_sizes", "chunk", "unbind", "narrow", "index", "index_select", "gather", "embedding", "to",
+        "_to_copy", "type_as", "_assert_tensor_metadata", "sym_size", "sym_numel", "sym_stride", "arange",
+        "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full",
+        "new_empty", "empty", "empty_like", "masked_fill", "where", "tril", "triu", "repeat", "repeat_interleave",
+        "roll", "flip", "stack", "max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices",
+        "adaptive_max_pool1d", "adaptive_max_pool2d", "pad", "constant_pad_nd", "pixel_shuffle", "pixel_unshuffle",
+        "channel_shuffle", "lift_fresh_copy", "_check_is_size", "sym_constrain_range_for_size", "dropout",
+        "feature_dropout", "alpha_dropout", "movedim", "view_as", "squeeze_", "unsqueeze_", "copy", "neg",
+        "lt", "le", "gt", "ge", "eq", "ne", "logical_not", "logical_and", "logical_or", "__and__", "__or__",
+        "bitwise_not", "bitwise_and", "bitwise_or", "scalar_tensor", "item", "_local_scalar_dense", "as_strided",
+        "diagonal", "unfold", "im2col", "tile", "broadcast_to", "meshgrid", "index_put", "scatter",
+    ) if hasattr(_aten, name))
+
+
+def aten_to_torch(gm: fx.GraphModule) -> None:
+    """Rewrite the aten ops of :data:`_ATEN_FUNCTIONS` as calls of their torch functions, in place."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _ATEN_FUNCTIONS:
+            node.target = _ATEN_FUNCTIONS[node.target]
+    gm.recompile()
+
+
+def is_aten_passthrough(target: Any) -> bool:
+    packet = getattr(target, "overloadpacket", None)
+    return packet is not None and packet in _ATEN_PASSTHROUGH
+
+
+
+class CaptureMethod(enum.Enum):
+    """How a model was captured (see :func:`quanta.quantsim.capture.capture`)."""
+
+    EXPORT = "export"  # torch.export
+    FX = "fx"  # torch.fx symbolic tracing
+    LEAVES = "leaves"  # not captured: only leaf modules are quantized
+
+
 @dataclass
 class PreparedModel:
-    """What :func:`prepare_model` made of a model.
+    """What :func:`~quanta.quantsim.capture.prepare_model` made of a model.
 
     Attributes:
-        model: the module to quantize (an ``fx.GraphModule`` when tracing worked).
-        traced: whether torch.fx traced it (else functional ops are not quantized; see ``trace_error``).
+        model: the module to quantize (an ``fx.GraphModule`` when capture worked).
+        method: how it was captured (:class:`CaptureMethod`).
         inserted: ``(name, module)`` for every functional op turned into a module, in graph order.
-        float_ops: names of graph nodes that change values, have no quantized counterpart and stay in float.
+        float_ops: names of graph nodes that change activations, have no quantized counterpart and stay in float.
         direct_params: parameters that ``forward`` code reads directly (not through a quantizable module):
             their owner module was traced through and they stay in float.
-        trace_error: why tracing failed (None if it worked).
+        errors: why each capture method tried before ``method`` failed (first line of its error).
     """
 
     model: nn.Module
-    traced: bool
+    method: CaptureMethod
     inserted: list[tuple[str, nn.Module]] = field(default_factory=list)
     float_ops: list[str] = field(default_factory=list)
     direct_params: list[str] = field(default_factory=list)
-    trace_error: str | None = None
+    errors: dict[CaptureMethod, str] = field(default_factory=dict)
+
+    @property
+    def traced(self) -> bool:
+        """Whether the model was captured as a graph (functional ops quantizable)."""
+        return self.method is not CaptureMethod.LEAVES
+
+    @property
+    def trace_error(self) -> str | None:
+        """Why capture fell back, one line per method tried (None if the first method worked)."""
+        return "; ".join(f"{m.value}: {e}" for m, e in self.errors.items()) or None
 
     @property
     def graph(self) -> fx.Graph | None:
-        """The traced graph, or None."""
+        """The captured graph, or None."""
         return self.model.graph if isinstance(self.model, fx.GraphModule) else None
 
 
@@ -354,10 +431,6 @@ def _expand_sdpa(gm: fx.GraphModule) -> int:
     return count
 
 
-def _as_tuple(dummy_input: Any) -> tuple[Any, ...]:
-    return dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
-
-
 def _is_float_tensor_node(node: fx.Node) -> bool:
     meta = node.meta.get("tensor_meta")
     return meta is not None and hasattr(meta, "dtype") and meta.dtype.is_floating_point
@@ -371,8 +444,27 @@ def _scope(node: fx.Node) -> str:
     return qualname if isinstance(qualname, str) else ""
 
 
-def _free_name(gm: fx.GraphModule, scope: str, kind: str, taken: set[str]) -> str:
-    owner = gm.get_submodule(scope) if scope else gm
+def _owner(gm: fx.GraphModule, scope: str) -> nn.Module:
+    """The module at ``scope``, made (as an empty container, with its missing parents) if the capture
+    left none there: torch.export keeps only modules that hold parameters or buffers."""
+    owner: nn.Module = gm
+    for part in scope.split(".") if scope else []:
+        if part not in owner._modules:
+            owner.add_module(part, nn.Module())
+        owner = owner._modules[part]  # type: ignore[assignment]
+    return owner
+
+
+def _free_name(gm: fx.GraphModule, scope: str, kind: str, taken: set[str], *, whole: bool = False) -> str:
+    """A new module name for a ``kind`` op called in ``scope``: ``scope.kind``, ``scope.kind_1``, ... or, when
+    the op is all the scope's module computes (``whole``: an activation module such as transformers'
+    ``GELUActivation``) and nothing is there, ``scope`` itself."""
+    if whole and scope and scope not in taken:
+        parent, _, leaf = scope.rpartition(".")
+        if not hasattr(_owner(gm, parent), leaf):
+            taken.add(scope)
+            return scope
+    owner = _owner(gm, scope)
     base = f"{scope}.{kind}" if scope else kind
     name, k = base, 0
     while name in taken or hasattr(owner, name.rsplit(".", 1)[-1]):
@@ -393,12 +485,14 @@ def _convert(node: fx.Node) -> tuple[str, Any] | None:
         return None
     kind, convert = entry
     made = convert(node)
+    if made is not None and isinstance(made[0], nn.ReLU6):
+        kind = "relu6"  # F.relu6 is hardtanh(0, 6)
     return None if made is None else (kind, made)
 
 
 def _changes_values(node: fx.Node) -> bool:
     if node.op == "call_function":
-        return node.target not in _PASSTHROUGH_FUNCTIONS
+        return node.target not in _PASSTHROUGH_FUNCTIONS and not is_aten_passthrough(node.target)
     if node.op == "call_method":
         return node.target not in _PASSTHROUGH_METHODS
     return False
@@ -411,7 +505,7 @@ def _attr(root: nn.Module, target: str) -> Any:
     return obj
 
 
-def _trace(model: nn.Module, args: tuple | None = None) -> fx.GraphModule:
+def fx_trace(model: nn.Module, args: tuple | None = None) -> fx.GraphModule:
     """Symbolic trace; if that fails and ``args`` are given, a second trace that knows values' dtypes and
     devices from a run on ``args`` (:class:`_ValueTracer`). The first error is raised if both fail."""
     try:
@@ -430,52 +524,53 @@ def _trace(model: nn.Module, args: tuple | None = None) -> fx.GraphModule:
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
-def prepare_model(model: nn.Module, dummy_input: Any, *, trace: bool = True) -> PreparedModel:
-    """Trace ``model`` and turn functional ops on float tensors into modules (see the module docstring).
+def _activation_nodes(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes whose value depends on a floating-point model input or on a parameter: the activations.
 
-    ``model`` is not modified (the returned graph module shares its parameters).
-    If tracing fails (data-dependent control flow, unsupported Python), the
-    result holds ``model`` itself with ``traced=False`` and a UserWarning says
-    why: its leaf modules can still be quantized, its functional ops cannot.
-    ``trace=False`` skips tracing on purpose.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    args = _as_tuple(dummy_input)
-    if not trace:
-        return PreparedModel(model, traced=False, trace_error="tracing disabled (trace=False)")
-    try:
-        gm = _trace(model, args)  # in the model's own mode: code reading self.training is traced as it runs
-        with eval_mode(gm), torch.no_grad():  # gm shares model's leaves: each gets its own flag back
-            ShapeProp(gm).propagate(*args)
-            if _expand_sdpa(gm):  # the new nodes need their tensor metadata too
-                ShapeProp(gm).propagate(*args)
-    except Exception as e:  # noqa: BLE001  (any tracing failure falls back to module replacement)
-        msg = f"{type(e).__name__}: {e}".splitlines()[0]
-        warnings.warn(
-            f"torch.fx could not trace {type(model).__name__} ({msg}); its leaf modules are quantized, "
-            "but functional ops inside forward() (torch.matmul, x + y, ...) stay in float",
-            UserWarning,
-            stacklevel=3,
-        )
-        return PreparedModel(model, traced=False, trace_error=msg)
-    gm.training = model.training
+    Values computed only from integer inputs, buffers and constants (positions, attention masks, rotary
+    tables) are not activations: quantizing them would only add error (a rotary angle on an 8-bit grid)."""
+    params = {name for name, _ in gm.named_parameters(remove_duplicate=False)}
+    active: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if _is_float_tensor_node(node):
+                active.add(node)
+        elif node.op == "get_attr":
+            if node.target in params:
+                active.add(node)
+        elif node.op == "call_module":
+            module = gm.get_submodule(node.target)  # type: ignore[arg-type]
+            if any(a in active for a in node.all_input_nodes) or next(module.parameters(), None) is not None:
+                active.add(node)
+        elif any(a in active for a in node.all_input_nodes):
+            active.add(node)
+    return active
 
-    prepared = PreparedModel(gm, traced=True)
+
+def convert_functional_ops(gm: fx.GraphModule, flat_args: list[Any], method: CaptureMethod) -> PreparedModel:
+    """Give ``gm``'s value-changing functional ops on activations a module each (see the module docstring),
+    in place; ``flat_args`` (the values of its placeholders) tell float tensors from others."""
+    with eval_mode(gm), torch.no_grad():  # gm shares model's leaves: each gets its own flag back
+        ShapeProp(gm).propagate(*flat_args)
+        if _expand_sdpa(gm):  # the new nodes need their tensor metadata too
+            ShapeProp(gm).propagate(*flat_args)
+    prepared = PreparedModel(gm, method)
     for node in gm.graph.nodes:  # a parameter read directly in forward() has no quantizer: say so
         if node.op == "get_attr" and isinstance(_attr(gm, node.target), nn.Parameter):
             prepared.direct_params.append(node.target)
+    active = _activation_nodes(gm)
+    work = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method") and n in active
+            and _is_float_tensor_node(n) and _changes_values(n)]
+    per_scope = Counter(_scope(n) for n in work)
     taken: set[str] = set()
-    for node in list(gm.graph.nodes):
-        if node.op not in ("call_function", "call_method") or not _is_float_tensor_node(node):
-            continue
+    for node in work:
         converted = _convert(node)
         if converted is None:
-            if _changes_values(node):
-                prepared.float_ops.append(node.name)
+            prepared.float_ops.append(node.name)
             continue
         kind, (module, new_args) = converted
-        name = _free_name(gm, _scope(node), kind, taken)
+        scope = _scope(node)
+        name = _free_name(gm, scope, kind, taken, whole=per_scope[scope] == 1)
         gm.add_submodule(name, module)
         with gm.graph.inserting_after(node):
             new = gm.graph.call_module(name, new_args)

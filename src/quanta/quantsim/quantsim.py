@@ -40,7 +40,8 @@ from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
 from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.quantsim.config import DataType, QuantizerSpec, QuantSimConfig, op_types_of
-from quanta.quantsim.preparer import _PASSTHROUGH_MODULES, PreparedModel, prepare_model
+from quanta.quantsim.capture import CaptureMethod, PreparedModel, flat_inputs, prepare_model
+from quanta.quantsim.preparer import _PASSTHROUGH_MODULES
 from quanta.quantsim.progress import progress_bar
 from quanta.quantsim.scheme import QuantScheme
 
@@ -70,14 +71,29 @@ def _check_bw(name: str, value: Any) -> int:
     return value
 
 
-def _check_inputs(dummy_input: Any) -> tuple[Any, ...]:
+def _split_inputs(dummy_input: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` of a dummy input: a tensor, a tuple of positional inputs, or a dict of keyword inputs."""
+    if isinstance(dummy_input, Mapping):
+        if not dummy_input or not all(isinstance(k, str) for k in dummy_input):
+            raise TypeError("dummy_input as a dict must map the forward's argument names (str) to inputs, got "
+                            f"{list(dummy_input)[:4]!r}")
+        if not any(isinstance(v, torch.Tensor) for v in dummy_input.values()):
+            raise TypeError("dummy_input: the dict holds no tensor")
+        return (), dict(dummy_input)
     args = dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
     if not args or not all(isinstance(a, torch.Tensor) for a in args):
         raise TypeError(
-            "dummy_input must be a tensor or a tuple of tensors (the positional inputs of model.forward), "
-            f"got {type(dummy_input).__name__}"
+            "dummy_input must be a tensor, a tuple of tensors (the positional inputs of model.forward) or a dict "
+            f"of keyword inputs, got {type(dummy_input).__name__}"
         )
-    return args
+    return args, {}
+
+
+def _call(model: nn.Module, batch: Any) -> Any:
+    """``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    return model(*batch) if isinstance(batch, tuple) else model(batch)
 
 
 class QuantizationSimModel:
@@ -137,7 +153,7 @@ class QuantizationSimModel:
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if any(isinstance(m, (QuantizerBase, QuantizationMixin)) for m in model.modules()):
             raise ValueError("model already holds quantizers; pass the float model")
-        self._dummy_input = _check_inputs(dummy_input)
+        self._dummy_args, self._dummy_kwargs = _split_inputs(dummy_input)
         self.quant_scheme = QuantScheme.parse(quant_scheme)
         if param_quant_scheme is None:  # as AIMET: range learning trains the weight ranges too (min/max init)
             param_quant_scheme = (QuantScheme.RANGE_LEARNING_MIN_MAX if self.quant_scheme.learns_ranges
@@ -154,8 +170,14 @@ class QuantizationSimModel:
         self._percentile = 99.99
 
         base = model if in_place else copy.deepcopy(model)
-        self._prepared: PreparedModel = prepare_model(base, self._dummy_input, trace=trace)
+        self._prepared: PreparedModel = prepare_model(base, self._dummy_args, self._dummy_kwargs, trace=trace)
         self.model: nn.Module = self._prepared.model
+        #: how the model was captured: "export" (torch.export), "fx" (torch.fx) or "leaves" (not captured)
+        self.capture_method: str = self._prepared.method.value
+        #: why each capture method tried before :attr:`capture_method` failed
+        self.capture_errors: dict[str, str] = {m.value: e for m, e in self._prepared.errors.items()}
+        if trace and self._prepared.errors:
+            self._warn_fallback()
         #: names of leaf modules kept in float (no quantized counterpart registered)
         self.unquantized_modules: list[str] = []
         #: graph nodes of functional ops that change values and stay in float
@@ -178,10 +200,22 @@ class QuantizationSimModel:
                 setattr(parent, name, quantized_class_for(child).from_module(child))  # type: ignore[union-attr]
             elif isinstance(child, _PASSTHROUGH_MODULES):
                 continue
+            elif type(child) is nn.Module and self._prepared.method is CaptureMethod.EXPORT:
+                self._replace_modules(child, full + ".")  # a container torch.export made (parameters read by
+                # graph ops are listed through direct_params)
             elif next(child.children(), None) is None:
                 self.unquantized_modules.append(full)
             else:
                 self._replace_modules(child, full + ".")
+
+    def _warn_fallback(self) -> None:
+        reasons = "; ".join(f"{m} failed ({e})" for m, e in self.capture_errors.items())
+        if self._prepared.traced:
+            msg = f"{type(self.model).__name__} captured with {self.capture_method} because {reasons}"
+        else:
+            msg = (f"{reasons}: only the leaf modules of the model are quantized; functional ops inside forward() "
+                   "(torch.matmul, x + y, ...) stay in float")
+        warnings.warn(f"QuantizationSimModel: {msg}", UserWarning, stacklevel=3)
 
     def _warn_unquantized(self) -> None:
         parts = []
@@ -559,7 +593,7 @@ class QuantizationSimModel:
 
         def run(model: nn.Module) -> None:
             for batch in fn:
-                model(*batch) if isinstance(batch, tuple) else model(batch)
+                _call(model, batch)
         return run
 
     def compute_encodings_sequential(self, batches: Iterable[Any], *, progress: bool = True) -> None:
@@ -578,7 +612,14 @@ class QuantizationSimModel:
             raise RuntimeError(
                 f"sequential calibration needs a traced model; tracing failed: {self._prepared.trace_error}"
             )
-        inputs = [b if isinstance(b, tuple) else (b,) for b in batches]
+        inputs = []
+        for b, batch in enumerate(batches):
+            args, kwargs = ((), dict(batch)) if isinstance(batch, Mapping) else (
+                batch if isinstance(batch, tuple) else (batch,), {})
+            try:
+                inputs.append(flat_inputs(self.model, args, kwargs))  # type: ignore[arg-type]
+            except TypeError as e:
+                raise TypeError(f"batch {b} does not fit the model's inputs: {e}") from None
         if not inputs:
             raise ValueError("batches is empty")
         modules = dict(self.model.named_modules())
@@ -590,14 +631,9 @@ class QuantizationSimModel:
         envs: list[dict[fx.Node, Any]] = [{} for _ in inputs]
         placeholders = [n for n in nodes if n.op == "placeholder"]
         with _eval_no_grad(self.model), _bar(len(nodes), progress) as advance:
-            for b, args in enumerate(inputs):
-                for k, ph in enumerate(placeholders):
-                    if k < len(args):
-                        envs[b][ph] = args[k]
-                    elif ph.args:  # default value of the forward argument
-                        envs[b][ph] = ph.args[0]
-                    else:
-                        raise TypeError(f"batch {b} gives {len(args)} inputs, the model needs {ph.target!r} too")
+            for b, flat in enumerate(inputs):
+                for ph, value in zip(placeholders, flat):
+                    envs[b][ph] = value
             # A module called from several places (a shared ReLU) is calibrated on all of them: its statistics
             # stay open from its first call site to its last; earlier sites use each batch's own range.
             sites = Counter(n.target for n in nodes
@@ -802,7 +838,7 @@ class QuantizationSimModel:
     def __repr__(self) -> str:
         n = sum(1 for _ in self.named_quantizers())
         return (f"QuantizationSimModel(quant_scheme={self.quant_scheme.value}, quantizers={n}, "
-                f"traced={self._prepared.traced}, unquantized_modules={len(self.unquantized_modules)}, "
+                f"capture={self.capture_method}, unquantized_modules={len(self.unquantized_modules)}, "
                 f"float_ops={len(self.float_ops)})")
 
 
