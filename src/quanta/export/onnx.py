@@ -458,11 +458,17 @@ def _quiet() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------- argument checks
-def _check_inputs(dummy_input: Any) -> tuple[torch.Tensor, ...]:
+def _check_inputs(dummy_input: Any, model: nn.Module) -> tuple[torch.Tensor, ...]:
+    if isinstance(dummy_input, Mapping):  # keyword inputs: in the order of the forward's parameters
+        try:
+            dummy_input = tuple(inspect.signature(model.forward).bind(**dummy_input).arguments.values())
+        except TypeError as e:
+            raise TypeError(f"dummy_input: {e}") from None
     args = dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
     if not args or not all(isinstance(a, torch.Tensor) for a in args):
         raise TypeError(
-            "dummy_input must be a tensor or a tuple of tensors (the positional inputs of sim.model), "
+            "dummy_input must be a tensor, a tuple of tensors (the positional inputs of sim.model) or a dict of "
+            "keyword inputs, "
             f"got {type(dummy_input).__name__}")
     return args
 
@@ -544,7 +550,7 @@ def export_onnx(
         raise TypeError(f"sim must be a quanta.quantsim.QuantizationSimModel, got {type(sim).__name__}")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    args = _check_inputs(dummy_input)
+    args = _check_inputs(dummy_input, sim.model)
     for flag, value in (("qdq", qdq), ("prequantize_weights", prequantize_weights), ("dynamo", dynamo)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {value!r}")

@@ -1,0 +1,219 @@
+"""Graph capture with torch.export (quanta.quantsim.capture) and what the sim makes of it."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import quanta.nn
+from quanta.quantsim import CaptureMethod, QuantizationSimModel, prepare_model
+
+transformers = pytest.importorskip("transformers")
+
+
+def _sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
+    return 10 * math.log10(ref.pow(2).mean().item() / max((ref - out).pow(2).mean().item(), 1e-30))
+
+
+def _tokens(batch: int, seq: int, seed: int = 0, vocab: int = 100) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, seq - 2:] = 0  # some padding: the mask path is exercised
+    return {"input_ids": torch.randint(0, vocab, (batch, seq), generator=g), "attention_mask": mask}
+
+
+def _bert():
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64)
+    return transformers.BertModel(cfg).eval()
+
+
+def _llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _quiet_sim(model, dummy, **kwargs) -> QuantizationSimModel:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # captured whole: nothing to warn about
+        return QuantizationSimModel(model, dummy, **kwargs)
+
+
+def test_bert_is_captured_whole_with_keyword_inputs():
+    model = _bert()
+    sim = _quiet_sim(model, _tokens(2, 8))
+    assert sim.capture_method == "export" and sim.capture_errors == {}
+    assert sim.float_ops == [] and sim.unquantized_modules == []
+    names = {n for n, _ in sim.named_quantizers()}
+    layer = "encoder.layer.0.attention.self"
+    for op in ("query", "key", "value", "matmul", "mul", "softmax", "matmul_1"):  # the expanded SDPA
+        assert f"{layer}.{op}.output_quantizers.0" in names, op
+    assert "encoder.layer.0.intermediate.intermediate_act_fn.output_quantizers.0" in names  # GELUActivation
+    assert isinstance(sim.model.get_submodule("encoder.layer.0.intermediate.intermediate_act_fn"),
+                      quanta.nn.QuantizedGELU)
+    # calibrate and evaluate at batch sizes and sequence lengths the dummy input did not have
+    sim.compute_encodings([_tokens(3, 11, seed=s) for s in range(4)], progress=False)
+    x = _tokens(5, 13, seed=9)
+    with torch.no_grad():
+        ref, out = model(**x), sim.model(**x)
+    assert type(out) is type(ref) and set(out) == set(ref)
+    assert _sqnr(ref.last_hidden_state, out.last_hidden_state) > 30
+    with sim.quantizers_disabled(), torch.no_grad():
+        torch.testing.assert_close(sim.model(**x).last_hidden_state, ref.last_hidden_state)
+
+
+def test_bert_positional_call_and_original_untouched():
+    model = _bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sim = _quiet_sim(model, _tokens(2, 8))
+    x = _tokens(2, 6, seed=3)
+    with sim.quantizers_disabled(), torch.no_grad():
+        torch.testing.assert_close(sim.model(x["input_ids"], x["attention_mask"]).last_hidden_state,
+                                   model(**x).last_hidden_state)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not any(isinstance(m, quanta.nn.QuantizationMixin) for m in model.modules())
+
+
+def test_llama_rmsnorm_rotary_and_gated_mlp():
+    model = _llama()
+    sim = _quiet_sim(model, _tokens(2, 8))
+    assert sim.capture_method == "export" and sim.float_ops == [] and sim.unquantized_modules == []
+    for path in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"):
+        norm = sim.model.get_submodule(path)
+        assert isinstance(norm, quanta.nn.QuantizedRMSNorm), path
+        assert norm.weight is model.get_submodule(path).weight or torch.equal(norm.weight,
+                                                                                model.get_submodule(path).weight)
+    assert isinstance(sim.model.get_submodule("model.layers.0.mlp.act_fn"), quanta.nn.QuantizedSiLU)
+    names = [n for n, _ in sim.named_quantizers()]
+    assert not any("rotary_emb" in n for n in names)  # cos/sin tables come from positions: not activations
+    assert "model.layers.0.mlp.mul.output_quantizers.0" in names  # the SiLU gate
+    assert "model.layers.0.self_attn.mul.output_quantizers.0" in names  # q * cos (rotary embedding)
+    sim.compute_encodings([_tokens(3, 10, seed=s) for s in range(4)], progress=False)
+    x = _tokens(4, 12, seed=7)
+    with torch.no_grad():
+        ref, out = model(**x), sim.model(**x)
+    assert type(out) is type(ref)
+    assert _sqnr(ref.logits, out.logits) > 30
+
+
+def test_in_place_shares_parameters():
+    model = _bert()
+    sim = _quiet_sim(model, _tokens(2, 8), in_place=True)
+    q = sim.model.get_submodule("encoder.layer.0.attention.self.query")
+    assert q.weight is model.encoder.layer[0].attention.self.query.weight
+
+
+def test_dropout_follows_train_and_eval():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5), nn.Linear(64, 4))
+    sim = _quiet_sim(model, torch.randn(4, 8))
+    assert sim.capture_method == "export"
+    assert isinstance(sim.model.get_submodule("1"), nn.Dropout)  # the model's own module, called again
+    x = torch.randn(16, 8)
+    with sim.quantizers_disabled():
+        sim.model.eval()
+        assert torch.equal(sim.model(x), sim.model(x))
+        sim.model.train()
+        assert not torch.equal(sim.model(x), sim.model(x))
+
+
+def test_qat_gradients_reach_weights_and_ranges():
+    model = _bert().train()
+    sim = _quiet_sim(model, _tokens(2, 8), quant_scheme="range_learning_min_max")
+    sim.compute_encodings([_tokens(2, 8, seed=s) for s in range(2)], progress=False)
+    sim.model.train()
+    out = sim.model(**_tokens(3, 9, seed=5)).last_hidden_state
+    out.pow(2).mean().backward()
+    q = sim.model.get_submodule("encoder.layer.0.attention.self.query")
+    assert q.weight.grad is not None and q.weight.grad.abs().sum() > 0
+    softmax_q = sim.model.get_submodule("encoder.layer.0.attention.self.softmax").output_quantizers[0]
+    assert any(p.grad is not None for p in softmax_q.parameters())
+
+
+class _Softsign(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.Softsign()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def test_unknown_leaf_module_is_kept_whole_and_listed():
+    with pytest.warns(UserWarning, match="act"):
+        sim = QuantizationSimModel(_Softsign(), torch.randn(4, 8))
+    assert sim.capture_method == "export"
+    assert sim.unquantized_modules == ["act"] and sim.float_ops == []
+    assert isinstance(sim.model.get_submodule("act"), nn.Softsign)
+
+
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 2 if y.sum() > 0 else y  # data-dependent control flow: no capture can follow it
+
+
+def test_fallback_is_announced_once_with_reasons():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sim = QuantizationSimModel(_Branchy(), torch.randn(3, 4))
+    fallback = [w for w in caught if "only the leaf modules" in str(w.message)]
+    assert len(fallback) == 1
+    assert "export failed" in str(fallback[0].message) and "fx failed" in str(fallback[0].message)
+    assert sim.capture_method == "leaves" and set(sim.capture_errors) == {"export", "fx"}
+    assert isinstance(sim.model.fc, quanta.nn.QuantizedLinear)
+
+
+def test_prepare_model_methods_argument():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    assert prepare_model(model, torch.randn(2, 4), methods=("fx",)).method is CaptureMethod.FX
+    with pytest.raises(ValueError, match="methods"):
+        prepare_model(model, torch.randn(2, 4), methods=("leaves",))
+    with pytest.raises(ValueError, match="methods"):
+        prepare_model(model, torch.randn(2, 4), methods=("jit",))
+
+
+def test_dummy_input_dict_must_name_arguments():
+    with pytest.raises(TypeError, match="dummy_input"):
+        QuantizationSimModel(_bert(), {0: torch.zeros(1, 4, dtype=torch.long)})
+    with pytest.raises(TypeError, match="no tensor"):
+        QuantizationSimModel(_bert(), {"input_ids": None})
+
+
+def test_sequential_calibration_on_an_exported_model():
+    model = _bert()
+    sim = _quiet_sim(model, _tokens(2, 8))
+    sim.compute_encodings_sequential([_tokens(2, 8, seed=s) for s in range(2)], progress=False)
+    x = _tokens(3, 8, seed=4)
+    with torch.no_grad():
+        assert _sqnr(model(**x).last_hidden_state, sim.model(**x).last_hidden_state) > 25
+
+
+def test_onnx_export_of_a_keyword_input_transformer(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    model = _bert()
+    sim = _quiet_sim(model, _tokens(2, 8))
+    sim.compute_encodings([_tokens(2, 8, seed=s) for s in range(3)], progress=False)
+    x = _tokens(2, 8, seed=11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.onnx's own notes on advanced indexing
+        sim.export(str(tmp_path), "bert", x)
+    session = ort.InferenceSession(str(tmp_path / "bert.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
+    got = session.run(["last_hidden_state"], {k: v.numpy() for k, v in x.items()})[0]
+    with torch.no_grad():
+        want = sim.model(**x).last_hidden_state
+    step = sim.model.get_submodule("encoder.layer.1.output.LayerNorm").output_quantizers[0].get_scale().item()
+    assert (torch.from_numpy(got) - want).abs().max().item() <= step * 1.001
