@@ -315,8 +315,16 @@ VARIANTS = [
     ("Tensor.softmax_dtype", lambda x, y: x.softmax(-1, dtype=torch.float64)),
     ("relu_inplace", lambda x, y: F.relu(x * 1.0, inplace=True) + 0.0),
     ("silu_inplace", lambda x, y: F.silu(x.clone(), inplace=True)),
-    ("Tensor.add_inplace", lambda x, y: x.clone().add_(y)),
 ]
+
+
+def test_inplace_add_whose_input_is_not_read_again_becomes_a_module():
+    prepared = _prepare_quietly(Fn(lambda x, y: x.clone().add_(y)), (X, Y))  # ResNet's `out += identity`
+    assert [(n, type(m)) for n, m in prepared.inserted] == [("add", Add)]
+    assert torch.equal(prepared.model(X, Y), X + Y)
+    fn = lambda x, y: torch.cat([(z := x.clone()).add_(y), z])  # noqa: E731  (z read after the mutation)
+    prepared = _prepare_quietly(Fn(fn), (X, Y))
+    assert torch.equal(prepared.model(X, Y), fn(X, Y))
 
 
 @pytest.mark.parametrize("fn", [v[1] for v in VARIANTS], ids=[v[0] for v in VARIANTS])

@@ -491,8 +491,19 @@ def test_user_module_untraced_is_listed():
 
 def test_user_module_with_parameters_is_reported_when_traced():
     with pytest.warns(UserWarning, match="scale"):
-        sim = QuantizationSimModel(WithScale(), randn(4, 8))
+        sim = QuantizationSimModel(WithScale(), randn(4, 8), trace=False)
     assert "scale" in sim.unquantized_modules
+
+
+def test_parameter_read_in_forward_is_quantized_as_a_parameter():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # x * self.weight: the multiply's weight input is a parameter quantizer
+        sim = QuantizationSimModel(WithScale(), randn(4, 8))
+    assert sim.capture_method == "export" and sim.unquantized_modules == []
+    mul = sim.model.get_submodule("scale.mul")
+    assert mul.input_quantizers[0] is None
+    q = mul.input_quantizers[1]
+    assert q is not None and q.symmetric and q.shape == () and q.bitwidth == 8
 
 
 def test_registered_user_module_is_quantized():

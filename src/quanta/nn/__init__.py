@@ -19,7 +19,7 @@ from quanta.nn.base import (
     default_activation_quantizer,
     default_weight_quantizer,
 )
-from quanta.nn.functional import Add, Concat, MatMul, Multiply
+from quanta.nn.functional import Add, ChannelsFirstLayerNorm, Concat, MatMul, Mean, Multiply, TransposedLinear
 from quanta.nn.modules import (
     QuantizedAdaptiveAvgPool1d,
     QuantizedAdaptiveAvgPool2d,
@@ -30,6 +30,7 @@ from quanta.nn.modules import (
     QuantizedAvgPool3d,
     QuantizedBatchNorm1d,
     QuantizedBatchNorm2d,
+    QuantizedChannelsFirstLayerNorm,
     QuantizedConcat,
     QuantizedConv1d,
     QuantizedConv2d,
@@ -47,6 +48,7 @@ from quanta.nn.modules import (
     QuantizedLeakyReLU,
     QuantizedLinear,
     QuantizedMatMul,
+    QuantizedMean,
     QuantizedMish,
     QuantizedMultiply,
     QuantizedReLU,
@@ -56,13 +58,16 @@ from quanta.nn.modules import (
     QuantizedSigmoid,
     QuantizedSoftmax,
     QuantizedTanh,
+    QuantizedTransposedLinear,
 )
 from quanta.nn.registry import from_module, quantized_class_for, register, unregister
 
 __all__ = [
     "Add",
+    "ChannelsFirstLayerNorm",
     "Concat",
     "MatMul",
+    "Mean",
     "Multiply",
     "QuantizationMixin",
     "QuantizedAdaptiveAvgPool1d",
@@ -74,6 +79,7 @@ __all__ = [
     "QuantizedAvgPool3d",
     "QuantizedBatchNorm1d",
     "QuantizedBatchNorm2d",
+    "QuantizedChannelsFirstLayerNorm",
     "QuantizedConcat",
     "QuantizedConv1d",
     "QuantizedConv2d",
@@ -91,6 +97,7 @@ __all__ = [
     "QuantizedLeakyReLU",
     "QuantizedLinear",
     "QuantizedMatMul",
+    "QuantizedMean",
     "QuantizedMish",
     "QuantizedMultiheadAttention",
     "QuantizedMultiply",
@@ -101,6 +108,8 @@ __all__ = [
     "QuantizedSigmoid",
     "QuantizedSoftmax",
     "QuantizedTanh",
+    "QuantizedTransposedLinear",
+    "TransposedLinear",
     "default_activation_quantizer",
     "default_weight_quantizer",
     "from_module",

@@ -25,7 +25,7 @@ from torch import nn
 
 from quanta.kernels.range_affine import relu_quantize_dequantize
 from quanta.nn.base import QuantizationMixin, plain, qdq
-from quanta.nn.functional import Add, Concat, MatMul, Multiply
+from quanta.nn.functional import Add, ChannelsFirstLayerNorm, Concat, MatMul, Mean, Multiply, TransposedLinear
 from quanta.quantization.affine import QuantizeDequantize
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "QuantizedAvgPool3d",
     "QuantizedBatchNorm1d",
     "QuantizedBatchNorm2d",
+    "QuantizedChannelsFirstLayerNorm",
     "QuantizedConcat",
     "QuantizedConv1d",
     "QuantizedConv2d",
@@ -55,6 +56,7 @@ __all__ = [
     "QuantizedLeakyReLU",
     "QuantizedLinear",
     "QuantizedMatMul",
+    "QuantizedMean",
     "QuantizedMish",
     "QuantizedMultiply",
     "QuantizedReLU",
@@ -64,6 +66,7 @@ __all__ = [
     "QuantizedSigmoid",
     "QuantizedSoftmax",
     "QuantizedTanh",
+    "QuantizedTransposedLinear",
 ]
 
 
@@ -74,6 +77,27 @@ class QuantizedLinear(QuantizationMixin, nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self._qoutput(F.linear(self._qinput(0, input), self._qparam("weight"), self._qparam("bias")),
                              owned=True)
+
+
+class QuantizedTransposedLinear(QuantizationMixin, TransposedLinear):
+    """Quantized :class:`~quanta.nn.TransposedLinear` (GPT-2's ``Conv1D``): weight scales along dim 1, the
+    output features.
+
+    >>> import quanta.nn
+    >>> q = quanta.nn.QuantizedTransposedLinear.from_module(quanta.nn.TransposedLinear(torch.randn(8, 4)))
+    >>> q.param_quantizers["weight"]
+    QuantizeDequantize(shape=(1, 4), qmin=-128, qmax=127, symmetric=True)
+    """
+
+    def _weight_axis(self) -> int:
+        return 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._qinput(0, x)
+        w, b = self._qparam("weight"), self._qparam("bias")
+        y = x.reshape(-1, x.shape[-1])
+        y = torch.mm(y, w) if b is None else torch.addmm(b, y, w)
+        return self._qoutput(y.reshape(*x.shape[:-1], w.shape[1]), owned=True)
 
 
 class _QuantizedConvNd(QuantizationMixin):
@@ -168,6 +192,15 @@ class QuantizedGroupNorm(_QuantizedNorm, nn.GroupNorm):
         y = F.group_norm(self._qinput(0, input), self.num_groups, self._qparam("weight"),
                          self._qparam("bias"), self.eps)
         return self._qoutput(y, owned=True)
+
+
+class QuantizedChannelsFirstLayerNorm(_QuantizedNorm, ChannelsFirstLayerNorm):
+    """Quantized :class:`~quanta.nn.ChannelsFirstLayerNorm` (ConvNeXt's channels-first LayerNorm)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(self._qinput(0, input).movedim(1, -1), self.normalized_shape, self._qparam("weight"),
+                         self._qparam("bias"), self.eps)
+        return self._qoutput(y.movedim(-1, 1), owned=True)
 
 
 class QuantizedRMSNorm(_QuantizedNorm, nn.RMSNorm):
@@ -358,6 +391,10 @@ class QuantizedMatMul(_QuantizedElementwise, MatMul):
     num_inputs = 2
 
 
+class QuantizedMean(_QuantizedElementwise, Mean):
+    """Quantized :class:`~quanta.nn.Mean`: output quantized."""
+
+
 class QuantizedConcat(_QuantizedElementwise, Concat):
     """Quantized :class:`~quanta.nn.Concat` (keeps ``dim``).
 
@@ -369,6 +406,7 @@ class QuantizedConcat(_QuantizedElementwise, Concat):
 #: Built-in float -> quantized classes (exact types). Users add theirs with :func:`quanta.nn.register`.
 BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
     nn.Linear: QuantizedLinear,
+    TransposedLinear: QuantizedTransposedLinear,
     nn.Conv1d: QuantizedConv1d,
     nn.Conv2d: QuantizedConv2d,
     nn.Conv3d: QuantizedConv3d,
@@ -403,4 +441,6 @@ BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
     Multiply: QuantizedMultiply,
     MatMul: QuantizedMatMul,
     Concat: QuantizedConcat,
+    Mean: QuantizedMean,
+    ChannelsFirstLayerNorm: QuantizedChannelsFirstLayerNorm,
 }

@@ -2,8 +2,8 @@
 
 :func:`prepare_model` tries, in order:
 
-1. :func:`torch.export.export` (non-strict, every dimension of every tensor
-   input dynamic where the model allows it): captures today's architectures,
+1. :func:`torch.export.export` (non-strict, batch and sequence dimensions of the
+   inputs dynamic where the model allows it): captures today's architectures,
    Hugging Face transformers included. The graph keeps the model's call
    signature (the keyword arguments given in the example) and returns what the
    model returns (tuples, dicts, ``ModelOutput``), at any batch size and
@@ -47,6 +47,7 @@ import torch
 from torch import fx, nn
 
 from quanta.nn.base import eval_mode
+from quanta.nn.functional import ChannelsFirstLayerNorm, TransposedLinear
 from quanta.nn.registry import quantized_class_for
 from quanta.quantsim.preparer import (
     _ATEN_FUNCTIONS,
@@ -64,9 +65,16 @@ __all__ = ["CaptureMethod", "PreparedModel", "flat_inputs", "prepare_model"]
 _aten = torch.ops.aten
 
 
+def _dynamic_dims(rank: int) -> range:
+    """The dimensions of an input of this rank that are exported as dynamic: the batch (dim 0) and, for
+    token ids, masks, waveforms ``(batch, length)`` and sequences ``(batch, length, features)``, the length.
+    Image sizes stay static: their symbolic form (window partitions, padding) makes capture slow."""
+    return range(min(rank, 2 if rank in (2, 3) else 1))
+
+
 def _dynamic_shapes(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any] | None:
-    """Every dimension of every tensor input ``Dim.AUTO`` (dynamic unless the model pins it), keyed by the
-    forward's parameter names."""
+    """``Dim.AUTO`` (dynamic unless the model pins it) for the batch and sequence dimensions of every tensor
+    input (:func:`_dynamic_dims`), keyed by the forward's parameter names."""
     try:
         bound = inspect.signature(model.forward).bind(*args, **kwargs)
     except (TypeError, ValueError):
@@ -74,7 +82,7 @@ def _dynamic_shapes(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, An
 
     def dims(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return {i: torch.export.Dim.AUTO for i in range(value.dim())} if value.dim() else None
+            return {i: torch.export.Dim.AUTO for i in _dynamic_dims(value.dim())} if value.dim() else None
         if isinstance(value, (list, tuple)):
             return type(value)(dims(v) for v in value)
         if isinstance(value, dict):
@@ -159,7 +167,17 @@ def _stack_key(node: fx.Node) -> tuple[str, str] | None:
 
 
 def _is_tensor(node: Any) -> bool:
-    return isinstance(node, fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "get_attr":
+        return isinstance(_attr(node.graph.owning_module, str(node.target)), torch.Tensor)
+    return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _attr(root: Any, target: str) -> Any:
+    for part in target.split("."):
+        root = getattr(root, part, None)
+    return root
 
 
 def _submodule(root: nn.Module, path: str) -> nn.Module | None:
@@ -169,21 +187,43 @@ def _submodule(root: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _rms_norm_equivalent(module: nn.Module) -> nn.Module | None:
-    """An ``nn.RMSNorm`` sharing ``module``'s weight, for a hand-written RMSNorm (one 1-D ``weight``, an
-    ``eps``/``variance_epsilon`` attribute, no other state); whether it computes the same is checked later."""
-    if quantized_class_for(module) is not None or next(module.children(), None) is not None:
-        return None
+def _equivalents(module: nn.Module) -> list[nn.Module]:
+    """Modules quanta quantizes that may compute what ``module`` (a leaf of a type quanta does not know)
+    computes, sharing its parameters; the caller checks which, if any, gives the same values:
+
+    * a hand-written RMSNorm (one 1-D ``weight``, an ``eps``/``variance_epsilon`` attribute): ``nn.RMSNorm``;
+    * GPT-2's ``Conv1D`` (``weight`` ``(in, out)``, ``bias`` ``(out,)``): :class:`quanta.nn.TransposedLinear`;
+    * a LayerNorm subclass with a forward of its own (ConvNeXt's): ``nn.LayerNorm`` or
+      :class:`quanta.nn.ChannelsFirstLayerNorm`;
+    * a parameter-free activation written out in ops (``NewGELUActivation``): GELU (tanh or exact), SiLU, ...
+    """
+    if next(module.children(), None) is not None or list(module.buffers(recurse=False)):
+        return []
     params = dict(module.named_parameters(recurse=False))
-    if set(params) != {"weight"} or params["weight"].dim() != 1 or list(module.buffers(recurse=False)):
-        return None
-    eps = next((getattr(module, a) for a in ("eps", "variance_epsilon", "epsilon")
-                if isinstance(getattr(module, a, None), float)), None)
-    if eps is None:
-        return None
-    norm = nn.RMSNorm(params["weight"].shape[0], eps=eps, device="meta")
-    norm.weight = params["weight"]
-    return norm
+    if not params:
+        return [nn.GELU(approximate="tanh"), nn.GELU(), nn.SiLU(), nn.Sigmoid(), nn.Tanh(), nn.ReLU(),
+                nn.Hardswish(), nn.Mish()]
+    weight = params.get("weight")
+    if set(params) == {"weight"} and weight.dim() == 1:
+        eps = next((getattr(module, a) for a in ("eps", "variance_epsilon", "epsilon")
+                    if isinstance(getattr(module, a, None), float)), None)
+        if eps is None:
+            return []
+        norm = nn.RMSNorm(weight.shape[0], eps=eps, device="meta")
+        norm.weight = weight
+        return [norm]
+    bias = params.get("bias")
+    if set(params) == {"weight", "bias"} and weight.dim() == 2 and tuple(bias.shape) == (weight.shape[1],):
+        return [TransposedLinear(weight, bias)]
+    eps = getattr(module, "eps", None)
+    if set(params) == {"weight", "bias"} and weight.dim() == 1 and bias.shape == weight.shape and isinstance(
+            eps, float):  # a LayerNorm subclass with its own forward (ConvNeXt's, channels last or first)
+        options = [nn.LayerNorm(weight.shape[0], eps=eps, device="meta"),
+                   ChannelsFirstLayerNorm(weight.shape[0], eps=eps, device="meta")]
+        for norm in options:
+            norm.weight, norm.bias = weight, bias
+        return options
+    return []
 
 
 def _lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) -> dict[str, str]:
@@ -192,9 +232,10 @@ def _lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any])
 
     * modules quanta quantizes (``nn.Linear``, ``nn.LayerNorm``, ...) and ones that only move values
       (dropout: its train/eval behaviour comes back);
-    * hand-written RMSNorms, as an ``nn.RMSNorm`` sharing the weight;
-    * other leaf modules, kept whole and in float (listed by the sim), unless all they compute is one op
-      the functional-op rewrite quantizes (transformers' ``GELUActivation``): that op is left to it.
+    * other leaf modules: as a module quanta quantizes when one computes the same (:func:`_equivalents`:
+      hand-written RMSNorms, GPT-2's ``Conv1D``, activations written out in ops), else kept whole and in
+      float (listed by the sim); if all such a module computes is one op the functional-op rewrite
+      quantizes (transformers' ``GELUActivation``), that op is left to it.
 
     A call is lifted when its ops take one tensor from outside (the module's input) and give one tensor to
     the outside (its output); ``nn.MultiheadAttention`` is lifted as self-attention ``mha(x, x, x)`` (with
@@ -217,12 +258,14 @@ def _lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any])
             if next(module.children(), None) is not None:
                 continue  # a container: its children are lifted one by one
             check = True
-            replacement = _rms_norm_equivalent(module) or module  # type: ignore[assignment]
-            if replacement is module and _single_quantizable_op(nodes):
-                continue
+            if _single_quantizable_op(nodes):
+                continue  # the functional-op rewrite quantizes it under this module's name
+            replacement = [*_equivalents(module), module]  # type: ignore[assignment]  # itself, kept whole, last
         inside = set(nodes)
+        own = {id(t) for t in (*module.parameters(), *module.buffers())}  # its own state, tied weights included
         inputs = list(OrderedDict.fromkeys(
-            a for n in nodes for a in n.all_input_nodes if a not in inside and a.op != "get_attr" and _is_tensor(a)))
+            a for n in nodes for a in n.all_input_nodes if a not in inside and _is_tensor(a)
+            and not (a.op == "get_attr" and id(_attr(gm, str(a.target))) in own)))
         outputs = [n for n in nodes if any(u not in inside for u in n.users)]
         mha = isinstance(replacement, nn.MultiheadAttention)
         if len(inputs) != 1 or not 1 <= len(outputs) <= (2 if mha else 1) or not all(map(_is_tensor, outputs)):
@@ -242,10 +285,17 @@ def _lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any])
             x = values.get(data)
             if not isinstance(x, torch.Tensor):
                 continue
-            with torch.no_grad(), eval_mode(replacement):
-                got = replacement(x, x, x) if mha else (replacement(x),)
-            picks = [_matching(got, values.get(o)) for o in outputs]
-            if any(i is None for i in picks):
+            for option in replacement if isinstance(replacement, list) else [replacement]:
+                try:
+                    with torch.no_grad(), eval_mode(option):
+                        got = option(x, x, x) if mha else (option(x),)
+                except (RuntimeError, TypeError, ValueError, IndexError):
+                    continue  # e.g. the other LayerNorm layout
+                picks = [_matching(got, values.get(o)) for o in outputs]
+                if all(i is not None for i in picks):
+                    replacement = option
+                    break
+            else:
                 continue
             if not mha:
                 picks = [None]

@@ -841,5 +841,7 @@ def op_types_of(module: nn.Module | type[nn.Module]) -> tuple[str, ...]:
 
     if issubclass(cls, base.QuantizationMixin):
         cls = base._float_base(cls)
-    onnx = _ONNX_NAMES.get(cls) or {functional.Multiply: "Mul"}.get(cls)
+    onnx = _ONNX_NAMES.get(cls) or {functional.Multiply: "Mul", functional.TransposedLinear: "Gemm",
+                                    functional.ChannelsFirstLayerNorm: "LayerNormalization",
+                                    functional.Mean: "ReduceMean"}.get(cls)
     return (cls.__name__,) if onnx in (None, cls.__name__) else (cls.__name__, onnx)

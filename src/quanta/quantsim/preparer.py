@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from quanta.nn import Add, Concat, MatMul, Multiply
+from quanta.nn import Add, Concat, MatMul, Mean, Multiply
 from quanta.nn.base import eval_mode
 from quanta.nn.registry import quantized_class_for
 
@@ -98,6 +98,17 @@ def _elu(node: fx.Node):
     return nn.ELU(alpha), (node.args[0],)
 
 
+def _mean(node: fx.Node):
+    dim, keepdim = _arg(node, 1, "dim"), _arg(node, 2, "keepdim", False)
+    if _arg(node, 3, "dtype") is not None or not isinstance(keepdim, bool):
+        return None
+    if isinstance(dim, (list, tuple)):
+        dim = tuple(dim)
+    if not (dim is None or isinstance(dim, int) or isinstance(dim, tuple) and all(isinstance(d, int) for d in dim)):
+        return None
+    return Mean(dim, keepdim), (node.args[0],)
+
+
 def _cat(node: fx.Node):
     tensors = _arg(node, 0, "tensors")
     dim = _arg(node, 1, "dim", 0)
@@ -115,6 +126,7 @@ _FUNCTIONS: dict[Any, tuple[str, Callable[[fx.Node], Any]]] = {
     torch.matmul: ("matmul", _binary(MatMul)),
     torch.bmm: ("matmul", _binary(MatMul)),
     torch.cat: ("cat", _cat),
+    torch.mean: ("mean", _mean),
     torch.concat: ("cat", _cat),
     torch.softmax: ("softmax", _softmax),
     F.softmax: ("softmax", _softmax),
@@ -135,6 +147,7 @@ _FUNCTIONS: dict[Any, tuple[str, Callable[[fx.Node], Any]]] = {
     F.mish: ("mish", _unary(nn.Mish, "inplace")),
 }
 _METHODS: dict[str, tuple[str, Callable[[fx.Node], Any]]] = {
+    "mean": ("mean", _mean),
     "add": ("add", _binary(Add)),
     "mul": ("mul", _binary(Multiply)),
     "matmul": ("matmul", _binary(MatMul)),
@@ -171,7 +184,7 @@ _aten = torch.ops.aten
 # aten op -> the torch function with the same signature, which the functional-op rewrite knows
 _ATEN_FUNCTIONS: dict[Any, Any] = {
     _aten.add.Tensor: torch.add, _aten.mul.Tensor: torch.mul, _aten.matmul.default: torch.matmul,
-    _aten.bmm.default: torch.bmm, _aten.cat.default: torch.cat, _aten.concat.default: torch.cat,
+    _aten.bmm.default: torch.bmm, _aten.mean.dim: torch.mean, _aten.cat.default: torch.cat, _aten.concat.default: torch.cat,
     _aten.concatenate.default: torch.cat, _aten.softmax.int: torch.softmax,
     _aten.relu.default: torch.relu, _aten.sigmoid.default: torch.sigmoid, _aten.tanh.default: torch.tanh,
     _aten.gelu.default: F.gelu, _aten.silu.default: F.silu, _aten.hardswish.default: F.hardswish,
@@ -199,11 +212,22 @@ _ATEN_PASSTHROUGH: frozenset[Any] = frozenset(
     ) if hasattr(_aten, name))
 
 
+# in-place ops written ``x += y`` (ResNet's residual add): converted when nothing reads ``x`` afterwards
+_ATEN_INPLACE: dict[Any, Any] = {_aten.add_.Tensor: torch.add, _aten.mul_.Tensor: torch.mul}
+
+
 def aten_to_torch(gm: fx.GraphModule) -> None:
-    """Rewrite the aten ops of :data:`_ATEN_FUNCTIONS` as calls of their torch functions, in place."""
+    """Rewrite the aten ops of :data:`_ATEN_FUNCTIONS` as calls of their torch functions, in place; likewise
+    an in-place add/mul whose mutated input no later op reads (so the mutation is not observable)."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _ATEN_FUNCTIONS:
+        if node.op != "call_function":
+            continue
+        if node.target in _ATEN_FUNCTIONS:
             node.target = _ATEN_FUNCTIONS[node.target]
+        elif node.target in _ATEN_INPLACE and isinstance(node.args[0], fx.Node) and all(
+                order[u] < order[node] for u in node.args[0].users if u is not node):
+            node.target = _ATEN_INPLACE[node.target]
     gm.recompile()
 
 
@@ -230,8 +254,12 @@ class PreparedModel:
         method: how it was captured (:class:`CaptureMethod`).
         inserted: ``(name, module)`` for every functional op turned into a module, in graph order.
         float_ops: names of graph nodes that change activations, have no quantized counterpart and stay in float.
-        direct_params: parameters that ``forward`` code reads directly (not through a quantizable module):
-            their owner module was traced through and they stay in float.
+        direct_params: parameters that ``forward`` code reads directly (not through a quantizable module) and
+            that reach an op other than a converted one: their owner module was traced through and they stay
+            in float.
+        param_inputs: ``{module name: {input index: parameter name}}`` for converted ops fed by a parameter
+            read in ``forward`` (a layer scale, a class token, a position-embedding table), directly or through
+            ops that only move values: the sim quantizes that input as a parameter.
         errors: why each capture method tried before ``method`` failed (first line of its error).
     """
 
@@ -240,6 +268,7 @@ class PreparedModel:
     inserted: list[tuple[str, nn.Module]] = field(default_factory=list)
     float_ops: list[str] = field(default_factory=list)
     direct_params: list[str] = field(default_factory=list)
+    param_inputs: dict[str, dict[int, str]] = field(default_factory=dict)
     errors: dict[CaptureMethod, str] = field(default_factory=dict)
 
     @property
@@ -555,9 +584,6 @@ def convert_functional_ops(gm: fx.GraphModule, flat_args: list[Any], method: Cap
         if _expand_sdpa(gm):  # the new nodes need their tensor metadata too
             ShapeProp(gm).propagate(*flat_args)
     prepared = PreparedModel(gm, method)
-    for node in gm.graph.nodes:  # a parameter read directly in forward() has no quantizer: say so
-        if node.op == "get_attr" and isinstance(_attr(gm, node.target), nn.Parameter):
-            prepared.direct_params.append(node.target)
     active = _activation_nodes(gm)
     work = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method") and n in active
             and _is_float_tensor_node(n) and _changes_values(n)]
@@ -578,6 +604,35 @@ def convert_functional_ops(gm: fx.GraphModule, flat_args: list[Any], method: Cap
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
         prepared.inserted.append((name, module))
+    _find_parameter_reads(gm, prepared)
     gm.graph.lint()
     gm.recompile()
     return prepared
+
+
+def _find_parameter_reads(gm: fx.GraphModule, prepared: PreparedModel) -> None:
+    """Fill ``prepared.param_inputs`` and ``prepared.direct_params`` (see :class:`PreparedModel`): follow each
+    parameter read in ``forward`` through the ops that only move values to the ops that use it."""
+    inserted = {name for name, _ in prepared.inserted}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or not isinstance(_attr(gm, node.target), nn.Parameter):
+            continue
+        uses: list[tuple[fx.Node, fx.Node]] = []  # (consumer, the arg it reads)
+        todo, covered = [node], True
+        while todo:
+            cur = todo.pop()
+            for user in cur.users:
+                moves = user.op in ("call_function", "call_method") and not _changes_values(user)
+                if moves and not any(_is_float_tensor_node(a) for a in user.all_input_nodes if a is not cur):
+                    todo.append(user)
+                elif user.op == "call_module" and user.target in inserted:
+                    uses.append((user, cur))
+                else:
+                    covered = False
+        if not covered:
+            prepared.direct_params.append(node.target)
+            continue
+        for user, arg in uses:
+            for i, a in enumerate(user.args):
+                if a is arg:
+                    prepared.param_inputs.setdefault(str(user.target), {})[i] = str(node.target)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import warnings
@@ -279,6 +280,9 @@ class QuantizationSimModel:
                 spec = self.config.input_spec(name, op_types, i, is_model_input=name in fed)
                 integer_input = isinstance(module, QuantizedEmbedding)
                 module.input_quantizers[i] = None if integer_input else self._activation_quantizer(spec)
+            for i, param_name in self._prepared.param_inputs.get(name, {}).items():
+                if i < len(module.input_quantizers):  # a parameter read in forward(): quantized as one
+                    module.input_quantizers[i] = self._parameter_read_quantizer(param_name)
             for i in range(len(module.output_quantizers)):
                 spec = self.config.output_spec(name, op_types, i, is_model_output=name in out)
                 module.output_quantizers[i] = self._activation_quantizer(spec)
@@ -326,6 +330,17 @@ class QuantizationSimModel:
         if not spec.enabled:
             return None
         return self._make(spec, spec.bitwidth or self.default_output_bw, (), None, self.quant_scheme)
+
+    def _parameter_read_quantizer(self, target: str) -> QuantizerBase | None:
+        """A per-tensor quantizer for parameter ``target`` (``owner.name``) read directly in forward(), as the
+        config says for a parameter ``name`` of module ``owner``."""
+        owner, _, pname = target.rpartition(".")
+        module = self.model.get_submodule(owner) if owner else self.model
+        spec = self.config.param_spec(owner or type(self.model).__name__, op_types_of(module), pname)
+        if not spec.enabled:
+            return None
+        spec = dataclasses.replace(spec, per_channel=False, block_size=None)  # the op sees a moved/indexed copy
+        return self._make(spec, spec.bitwidth or self.default_param_bw, (), None, self.param_quant_scheme)
 
     def _param_quantizer(self, spec: QuantizerSpec, param: torch.Tensor | None, module: QuantizationMixin,
                          where: str) -> QuantizerBase | None:
