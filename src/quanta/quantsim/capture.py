@@ -9,7 +9,7 @@
    model returns (tuples, dicts, ``ModelOutput``), at any batch size and
    sequence length the model accepts. Calls of modules that quanta quantizes
    (``nn.Linear``, ``nn.LayerNorm``, ...) are put back as calls of the model's
-   own module objects (:func:`_lift_module_calls`), so parameters, names and
+   own module objects (:func:`lift_module_calls`), so parameters, names and
    train/eval behaviour (dropout, BatchNorm) are the original ones;
    hand-written RMSNorm modules become ``nn.RMSNorm`` calls when they compute
    exactly that (checked on the example).
@@ -37,6 +37,7 @@ torch.Size([3, 5, 8])
 
 from __future__ import annotations
 
+import copy
 import inspect
 import operator
 from collections import OrderedDict
@@ -49,6 +50,7 @@ from torch import fx, nn
 from quanta.nn.base import eval_mode
 from quanta.nn.functional import ChannelsFirstLayerNorm, TransposedLinear
 from quanta.nn.registry import quantized_class_for
+from quanta.quantsim.rebuild import rebuild
 from quanta.quantsim.preparer import (
     _ATEN_FUNCTIONS,
     _PASSTHROUGH_MODULES,
@@ -60,7 +62,8 @@ from quanta.quantsim.preparer import (
     is_aten_passthrough,
 )
 
-__all__ = ["CaptureMethod", "PreparedModel", "flat_inputs", "prepare_model"]
+__all__ = ["CaptureMethod", "PreparedModel", "flat_inputs", "is_exported", "lift_exported", "lift_module_calls",
+           "prepare_model"]
 
 _aten = torch.ops.aten
 
@@ -117,18 +120,33 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 ep = torch.export.export(model, args, kwargs, strict=False)
             except Exception:  # noqa: BLE001
                 raise first from None
-    unlifted = ep.module()
+    return _trainable(ep.module(), type(model).__name__, copy_graph=False)
+
+
+def is_exported(model: nn.Module) -> bool:
+    """Whether ``model`` is a torch.export graph already (``ExportedProgram.module()``, e.g. of a loaded
+    ``.pt2`` file): capture then takes its graph as it is."""
+    return isinstance(model, fx.GraphModule) and isinstance(model.graph._codegen, fx.graph._PyTreeCodeGen)
+
+
+def _trainable(unlifted: fx.GraphModule, name: str, *, copy_graph: bool = True) -> fx.GraphModule:
+    """A plain GraphModule with ``unlifted``'s graph (a copy unless ``copy_graph=False``), submodules and pytree
+    input/output handling: ``ExportedProgram.module()`` refuses train()/eval() and checks input shapes in a
+    hook of its own."""
     graph = unlifted.graph
+    if copy_graph:
+        graph = fx.Graph(owning_module=None, tracer_cls=unlifted.graph._tracer_cls)
+        graph._codegen = unlifted.graph._codegen  # input/output specs: read, never changed
+        graph.output(graph.graph_copy(unlifted.graph, {}))
     for node in list(graph.nodes):  # input guards: checked by the model's own code at run time
         if node.op == "call_module" and str(node.target).startswith("_guards_fn"):
             graph.erase_node(node)
-    # a fresh GraphModule: ExportedProgram.module() refuses train()/eval() and checks input shapes in a hook
-    gm = fx.GraphModule(unlifted, graph, type(model).__name__)
+    gm = fx.GraphModule(unlifted, graph, name)
     gm._in_spec = unlifted._in_spec  # read by the pytree code that flattens inputs / rebuilds outputs
     gm._out_spec = unlifted._out_spec
-    for name in list(getattr(gm, "_modules", {})):
-        if name.startswith("_guards_fn"):
-            delattr(gm, name)
+    for child in list(getattr(gm, "_modules", {})):
+        if child.startswith("_guards_fn"):
+            delattr(gm, child)
     return gm
 
 
@@ -226,7 +244,7 @@ def _equivalents(module: nn.Module) -> list[nn.Module]:
     return []
 
 
-def _lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) -> dict[str, str]:
+def lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) -> dict[str, str]:
     """Replace the aten ops each call of a module produced by one ``call_module`` of ``model``'s module
     object (installed in ``gm`` at its own path), for:
 
@@ -260,7 +278,14 @@ def _lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any])
             check = True
             if _single_quantizable_op(nodes):
                 continue  # the functional-op rewrite quantizes it under this module's name
-            replacement = [*_equivalents(module), module]  # type: ignore[assignment]  # itself, kept whole, last
+            if type(module) is nn.Module:  # a container torch.export made: rebuild the module its op stands for
+                ops = [n for n in nodes if not is_aten_passthrough(n.target) and n.target is not operator.getitem]
+                rebuilt = rebuild(ops[0], module) if len(ops) == 1 else None
+                if rebuilt is None:
+                    continue
+                replacement = rebuilt
+            else:
+                replacement = [*_equivalents(module), module]  # type: ignore[assignment]  # itself, whole, last
         inside = set(nodes)
         own = {id(t) for t in (*module.parameters(), *module.buffers())}  # its own state, tied weights included
         inputs = list(OrderedDict.fromkeys(
@@ -391,12 +416,35 @@ def _values(gm: fx.GraphModule, flat: list[Any], wanted: set[fx.Node]) -> dict[f
     return kept
 
 
+def lift_exported(model: fx.GraphModule, args: tuple = (), kwargs: Mapping[str, Any] | None = None
+                  ) -> fx.GraphModule:
+    """A torch.export graph module (``torch.export.load(path).module()``) with its module calls put back as
+    modules (:func:`lift_module_calls`; rebuilt from the aten calls where the original modules are gone),
+    checked on ``model(*args, **kwargs)``. ``model`` is not modified; the result shares its tensors.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> ep = torch.export.export(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU()), (torch.randn(1, 1, 5, 5),))
+    >>> gm = lift_exported(ep.module(), (torch.randn(1, 1, 5, 5),))
+    >>> [(n.target, type(gm.get_submodule(n.target)).__name__) for n in gm.graph.nodes if n.op == "call_module"]
+    [('0', 'Conv2d')]
+    """
+    if not is_exported(model):
+        raise TypeError(f"model must be a torch.export graph module (ExportedProgram.module()), got "
+                        f"{type(model).__name__}")
+    gm = _trainable(model, type(model).__name__)
+    _drop_no_ops(gm)
+    lift_module_calls(gm, gm, flat_inputs(gm, tuple(args), dict(kwargs or {})))
+    return gm
+
+
 # ---------------------------------------------------------------------- entry point
 def _capture(model: nn.Module, method: CaptureMethod, args: tuple, kwargs: dict[str, Any]) -> PreparedModel:
     if method is CaptureMethod.EXPORT:
-        gm = _export(model, args, kwargs)
+        exported = is_exported(model)
+        gm = _trainable(model, type(model).__name__) if exported else _export(model, args, kwargs)  # type: ignore[arg-type]
         _drop_no_ops(gm)
-        _lift_module_calls(gm, model, flat_inputs(gm, args, kwargs))
+        lift_module_calls(gm, gm if exported else model, flat_inputs(gm, args, kwargs))
         aten_to_torch(gm)
     elif method is CaptureMethod.FX:
         if kwargs:

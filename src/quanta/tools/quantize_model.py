@@ -16,7 +16,8 @@ The model is one of:
 
 * a ``torch.export`` program (``torch.export.save``, usually ``.pt2``): loaded with ``torch.export.load``;
   the aten calls of its ``.module()`` (``aten.linear``, ``aten.conv2d``, ``aten.relu``, ...) are turned
-  back into ``torch.nn`` modules (``_lift_exported``), because QuantizationSimModel quantizes modules;
+  back into ``torch.nn`` modules (:func:`quanta.quantsim.capture.lift_exported`, the sim's own capture
+  code), so that BatchNorm folding sees them;
 * a state dict (``torch.save(model.state_dict())``, ``.pt``/``.pth``), loaded with
   ``torch.load(weights_only=True)``, with ``model_class="pkg.module:ClassName"``: imported, built
   without arguments and loaded with ``load_state_dict(strict=True)``.
@@ -194,16 +195,14 @@ class LoadedModel:
             dynamic dimension), or None; its first input's for a program with several inputs.
         input_shapes: a torch.export program's input shapes, one per input (None for an input that is not a
             tensor); empty for a state dict.
-        lifted: for a torch.export program, the aten ops turned into modules (``{op: count}``).
-        left: for a torch.export program, the aten ops left as they were (``{op: count}``).
+        rebuilt: for a torch.export program, how many module calls were rebuilt from its aten calls.
     """
 
     model: nn.Module
     kind: str
     input_shape: tuple[int | None, ...] | None = None
     input_shapes: list[tuple[int | None, ...] | None] = field(default_factory=list)
-    lifted: dict[str, int] = field(default_factory=dict)
-    left: dict[str, int] = field(default_factory=dict)
+    rebuilt: int = 0
 
 
 def _zip_names(path: str) -> list[str] | None:
@@ -416,175 +415,7 @@ def _load_exported(path: str) -> LoadedModel:
     return LoadedModel(gm, "export", shapes[0] if shapes else None, shapes)
 
 
-# ---------------------------------------------------------------------- torch.export: aten calls -> modules
-_aten = torch.ops.aten
-
-
-def _arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
-def _pair(v: Any, n: int) -> tuple[int, ...]:
-    return tuple(v) if isinstance(v, (list, tuple)) else (v,) * n
-
-
-def _conv(dims: int) -> Callable[[fx.Node, dict[str, torch.Tensor]], Any]:
-    cls = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
-
-    def build(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
-        w = t["weight"]
-        if w.dim() != dims + 2:
-            return None
-        padding = _arg(node, 4, "padding", 0)
-        padding = padding if isinstance(padding, str) else _pair(padding, dims)
-        groups = _arg(node, 6, "groups", 1)
-        return cls(w.shape[1] * groups, w.shape[0], tuple(w.shape[2:]), stride=_pair(_arg(node, 3, "stride", 1), dims),
-                   padding=padding, dilation=_pair(_arg(node, 5, "dilation", 1), dims), groups=groups,
-                   bias="bias" in t, device="meta")
-    return build
-
-
-def _conv_transpose(dims: int) -> Callable[[fx.Node, dict[str, torch.Tensor]], Any]:
-    cls = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d}[dims]
-
-    def build(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
-        w = t["weight"]
-        if w.dim() != dims + 2:
-            return None
-        groups = _arg(node, 6, "groups", 1)
-        return cls(w.shape[0], w.shape[1] * groups, tuple(w.shape[2:]), stride=_pair(_arg(node, 3, "stride", 1), dims),
-                   padding=_pair(_arg(node, 4, "padding", 0), dims),
-                   output_padding=_pair(_arg(node, 5, "output_padding", 0), dims), groups=groups,
-                   dilation=_pair(_arg(node, 7, "dilation", 1), dims), bias="bias" in t, device="meta")
-    return build
-
-
-def _linear(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
-    w = t["weight"]
-    return nn.Linear(w.shape[1], w.shape[0], bias="bias" in t, device="meta") if w.dim() == 2 else None
-
-
-def _batch_norm(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
-    if _arg(node, 5, "training", False) or "running_mean" not in t or "weight" not in t:
-        return None
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    rank = val.dim() if isinstance(val, torch.Tensor) else None
-    cls = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d}.get(rank)  # type: ignore[arg-type]
-    if cls is None:
-        return None
-    return cls(t["running_mean"].numel(), eps=_arg(node, 7, "eps", 1e-5), momentum=_arg(node, 6, "momentum", 0.1),
-               device="meta")
-
-
-def _layer_norm(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
-    shape = _arg(node, 1, "normalized_shape")
-    if "weight" not in t:
-        return None
-    return nn.LayerNorm(tuple(shape), eps=_arg(node, 4, "eps", 1e-5), bias="bias" in t, device="meta")
-
-
-def _group_norm(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
-    if "weight" not in t or "bias" not in t:
-        return None
-    return nn.GroupNorm(_arg(node, 1, "num_groups"), t["weight"].numel(), eps=_arg(node, 4, "eps", 1e-5),
-                        device="meta")
-
-
-def _embedding(node: fx.Node, t: dict[str, torch.Tensor]) -> nn.Module | None:
-    if _arg(node, 4, "sparse", False) or _arg(node, 3, "scale_grad_by_freq", False):
-        return None
-    w = t["weight"]
-    padding_idx = _arg(node, 2, "padding_idx", -1)
-    return nn.Embedding(w.shape[0], w.shape[1], padding_idx=None if padding_idx == -1 else padding_idx,
-                        device="meta")
-
-
-# aten op -> (positions of (param name, arg index), index of the data input, builder)
-_PARAM_OPS: dict[Any, tuple[tuple[tuple[str, int], ...], int, Callable[..., nn.Module | None]]] = {
-    _aten.linear.default: ((("weight", 1), ("bias", 2)), 0, _linear),
-    _aten.conv1d.default: ((("weight", 1), ("bias", 2)), 0, _conv(1)),
-    _aten.conv2d.default: ((("weight", 1), ("bias", 2)), 0, _conv(2)),
-    _aten.conv3d.default: ((("weight", 1), ("bias", 2)), 0, _conv(3)),
-    _aten.conv1d.padding: ((("weight", 1), ("bias", 2)), 0, _conv(1)),
-    _aten.conv2d.padding: ((("weight", 1), ("bias", 2)), 0, _conv(2)),
-    _aten.conv3d.padding: ((("weight", 1), ("bias", 2)), 0, _conv(3)),
-    _aten.conv_transpose1d.default: ((("weight", 1), ("bias", 2)), 0, _conv_transpose(1)),
-    _aten.conv_transpose2d.input: ((("weight", 1), ("bias", 2)), 0, _conv_transpose(2)),
-    _aten.batch_norm.default: ((("weight", 1), ("bias", 2), ("running_mean", 3), ("running_var", 4)), 0,
-                               _batch_norm),
-    _aten.layer_norm.default: ((("weight", 2), ("bias", 3)), 0, _layer_norm),
-    _aten.group_norm.default: ((("weight", 2), ("bias", 3)), 0, _group_norm),
-    _aten.embedding.default: ((("weight", 0),), 1, _embedding),
-}
-
-
-def _activation(cls: type[nn.Module], *keys: tuple[str, Any]) -> Callable[[fx.Node], nn.Module | None]:
-    """A builder of ``cls(**{name: arg})`` from the op's positional/keyword args after the input."""
-    def build(node: fx.Node) -> nn.Module | None:
-        kwargs = {}
-        for i, (name, default) in enumerate(keys, start=1):
-            kwargs[name] = _arg(node, i, name, default)
-        return cls(**kwargs)
-    return build
-
-
-def _softmax(node: fx.Node) -> nn.Module | None:
-    if _arg(node, 2, "dtype") is not None:
-        return None
-    return nn.Softmax(dim=_arg(node, 1, "dim"))
-
-
-def _elu(node: fx.Node) -> nn.Module | None:
-    if _arg(node, 2, "scale", 1) != 1 or _arg(node, 3, "input_scale", 1) != 1:
-        return None
-    return nn.ELU(alpha=_arg(node, 1, "alpha", 1.0))
-
-
-def _hardtanh(node: fx.Node) -> nn.Module | None:
-    lo, hi = _arg(node, 1, "min_val", -1.0), _arg(node, 2, "max_val", 1.0)
-    return nn.ReLU6() if (lo, hi) == (0, 6) else nn.Hardtanh(lo, hi)
-
-
-_MODULE_OPS: dict[Any, Callable[[fx.Node], nn.Module | None]] = {
-    _aten.relu.default: _activation(nn.ReLU),
-    _aten.gelu.default: _activation(nn.GELU, ("approximate", "none")),
-    _aten.silu.default: _activation(nn.SiLU),
-    _aten.sigmoid.default: _activation(nn.Sigmoid),
-    _aten.tanh.default: _activation(nn.Tanh),
-    _aten.hardswish.default: _activation(nn.Hardswish),
-    _aten.hardsigmoid.default: _activation(nn.Hardsigmoid),
-    _aten.mish.default: _activation(nn.Mish),
-    _aten.leaky_relu.default: _activation(nn.LeakyReLU, ("negative_slope", 0.01)),
-    _aten.hardtanh.default: _hardtanh,
-    _aten.elu.default: _elu,
-    _aten.softmax.int: _softmax,
-    _aten.adaptive_avg_pool1d.default: _activation(nn.AdaptiveAvgPool1d, ("output_size", None)),
-    _aten.adaptive_avg_pool2d.default: _activation(nn.AdaptiveAvgPool2d, ("output_size", None)),
-}
-
-# aten op -> the torch function with the same positional signature, which quanta's preparer knows: arithmetic
-# becomes quanta.nn.Add/Multiply/MatMul/Concat, data movement needs no quantizer.
-_FUNCTION_OPS: dict[Any, Callable[..., Any]] = {
-    _aten.add.Tensor: torch.add, _aten.mul.Tensor: torch.mul, _aten.matmul.default: torch.matmul,
-    _aten.bmm.default: torch.bmm, _aten.cat.default: torch.cat,
-    _aten.flatten.using_ints: torch.flatten, _aten.view.default: torch.reshape,
-    _aten.reshape.default: torch.reshape, _aten.permute.default: torch.permute,
-    _aten.transpose.int: torch.transpose, _aten.unsqueeze.default: torch.unsqueeze,
-    _aten.squeeze.dim: torch.squeeze, _aten.clone.default: torch.clone,
-    _aten.max_pool1d.default: torch.max_pool1d, _aten.max_pool2d.default: torch.max_pool2d,
-    _aten.dropout.default: F.dropout,
-    # expanded by the preparer into matmul/softmax (quantizable, and exportable to any ONNX opset)
-    _aten.scaled_dot_product_attention.default: F.scaled_dot_product_attention,
-}
-
-
-def _op_name(target: Any) -> str:
-    name = getattr(target, "__name__", None) or str(target)
-    return str(name)
-
-
+# ---------------------------------------------------------------------- torch.export programs
 def _same_outputs(a: Any, b: Any) -> bool:
     """Same structure and bit-identical tensors (NaN equal to NaN at the same place)."""
     la, lb = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
@@ -594,17 +425,11 @@ def _same_outputs(a: Any, b: Any) -> bool:
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x == y for x, y in zip(la, lb))
 
 
-def _lift_exported(gm: fx.GraphModule, example: Batch) -> tuple[dict[str, int], dict[str, int]]:
-    """Rewrite the aten calls of ``ExportedProgram.module()`` as calls of ``torch.nn`` modules, in place.
+def _lift_exported(gm: fx.GraphModule, example: Batch) -> fx.GraphModule:
+    """``gm`` (a torch.export program's ``.module()``) with its module calls rebuilt as ``torch.nn`` modules
+    (:func:`quanta.quantsim.capture.lift_exported`), after checking that the program is deterministic."""
+    from quanta.quantsim.capture import lift_exported
 
-    ``aten.linear(x, fc.weight, fc.bias)`` becomes ``fc(x)`` with ``fc`` an ``nn.Linear`` holding the same
-    parameters (so names stay those of the original model's state dict); ``aten.relu(x)`` a call of an
-    ``nn.ReLU`` placed where the original module was (from the node's ``nn_module_stack``);
-    ``aten.add``/``aten.view``/... the torch functions QuantizationSimModel's preparer knows. An op is
-    lifted only when its parameters belong to one parameter-only submodule that no other op uses;
-    anything else stays as it was. The result must compute on ``example`` (a tensor, or a tuple of the
-    program's inputs) exactly what the program computes, else RuntimeError. Returns ``({lifted op: count}, {op left: count})``.
-    """
     with torch.no_grad():
         reference = call_model(gm, example)
         again = call_model(gm, example)
@@ -612,175 +437,8 @@ def _lift_exported(gm: fx.GraphModule, example: Batch) -> tuple[dict[str, int], 
         raise ValueError("the torch.export program gives different outputs on two runs with the same input "
                          "(dropout or other randomness exported in training mode?): call model.eval() before "
                          "torch.export.export")
-    lifted: dict[str, int] = {}
-    left: dict[str, int] = {}
-    created: dict[str, nn.Module] = {}
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function":
-            continue
-        name = _op_name(node.target)
-        done = False
-        if node.target in _PARAM_OPS:
-            done = _lift_param_op(gm, node)
-        elif node.target in _MODULE_OPS:
-            done = _lift_module_op(gm, node, created)
-        elif node.target in _FUNCTION_OPS:
-            node.target = _FUNCTION_OPS[node.target]
-            done = True
-        bucket = lifted if done else left
-        bucket[name] = bucket.get(name, 0) + 1
-    gm.graph.eliminate_dead_code()
-    gm.graph.lint()
-    gm.recompile()
-    with torch.no_grad():
-        out = call_model(gm, example)
-    if not _same_outputs(reference, out):  # pragma: no cover - a bug in the tables above
-        raise RuntimeError("rebuilding modules from the torch.export program changed its outputs (a quanta bug, "
-                           "please report it); pass the state dict with --model-class instead")
-    return lifted, left
-
-
-def _owner(gm: fx.GraphModule, node: fx.Node, params: tuple[tuple[str, int], ...]
-           ) -> tuple[str, dict[str, torch.Tensor]] | None:
-    """The submodule path holding the op's tensors and ``{name: tensor}``; None if unfit."""
-    owner = None
-    tensors: dict[str, torch.Tensor] = {}
-    for pname, index in params:
-        a = _arg(node, index, pname)
-        if a is None:
-            continue
-        if not isinstance(a, fx.Node) or a.op != "get_attr":
-            return None
-        path, _, attr = str(a.target).rpartition(".")
-        if attr != pname or not path or (owner is not None and path != owner):
-            return None
-        owner = path
-        tensors[pname] = getattr(gm.get_submodule(path), attr)
-    if owner is None or "weight" not in tensors:
-        return None
-    module = gm.get_submodule(owner)
-    if type(module) is not nn.Module or next(module.children(), None) is not None:
-        return None  # only the plain parameter holders torch.export makes
-    for other in gm.graph.nodes:
-        if other.op == "get_attr" and str(other.target).rpartition(".")[0] == owner:
-            if any(user is not node for user in other.users):
-                return None  # a tensor shared with another op (tied weights): leave it
-    return owner, tensors
-
-
-def _lift_param_op(gm: fx.GraphModule, node: fx.Node) -> bool:
-    params, data_index, build = _PARAM_OPS[node.target]
-    found = _owner(gm, node, params)
-    if found is None:
-        return False
-    owner_path, tensors = found
-    try:
-        new = build(node, tensors)
-    except (TypeError, ValueError):
-        return False
-    if new is None:
-        return False
-    holder = gm.get_submodule(owner_path)
-    old_keys = set(holder.state_dict())
-    for key in list(new.state_dict()):
-        if key not in old_keys:
-            return False
-        value = getattr(holder, key)
-        if key in dict(new.named_parameters(recurse=False)):
-            setattr(new, key, value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False))
-        else:
-            setattr(new, key, value)
-    if set(new.state_dict()) != old_keys:
-        return False
-    if any(t.is_meta for t in new.state_dict().values()):
-        return False
-    parent_path, _, leaf = owner_path.rpartition(".")
-    setattr(gm.get_submodule(parent_path), leaf, new.train(False))
-    with gm.graph.inserting_before(node):
-        call = gm.graph.call_module(owner_path, (node.args[data_index],))
-    call.meta = copy.copy(node.meta)
-    node.replace_all_uses_with(call)
-    gm.graph.erase_node(node)
-    return True
-
-
-def _lift_module_op(gm: fx.GraphModule, node: fx.Node, created: dict[str, nn.Module]) -> bool:
-    try:
-        new = _MODULE_OPS[node.target](node)
-    except (TypeError, ValueError):
-        return False
-    if new is None or not node.args or not isinstance(node.args[0], fx.Node):
-        return False
-    path = _module_path(gm, node, new, created)
-    if path is None:
-        return False
-    with gm.graph.inserting_before(node):
-        call = gm.graph.call_module(path, (node.args[0],))
-    call.meta = copy.copy(node.meta)
-    node.replace_all_uses_with(call)
-    gm.graph.erase_node(node)
-    return True
-
-
-def _module_path(gm: fx.GraphModule, node: fx.Node, new: nn.Module, created: dict[str, nn.Module]) -> str | None:
-    """Where to put ``new``: the original module's path when free (or the same module, called again), else a fresh
-    name under the nearest existing parent."""
-    stack = node.meta.get("nn_module_stack") or {}
-    qualname, type_name = list(stack.values())[-1] if stack else ("", "")
-    cls = type(new)
-    want = f"{cls.__module__}.{cls.__qualname__}"
-    type_name = type_name if isinstance(type_name, str) else f"{type_name.__module__}.{type_name.__qualname__}"
-    if qualname and type_name == want and all(p.isidentifier() or p.isdigit() for p in qualname.split(".")):
-        existing = created.get(qualname)
-        if existing is not None:
-            if repr(existing) == repr(new):
-                return qualname  # one module called twice in the original forward
-        elif _free(gm, qualname):
-            _ensure_parents(gm, qualname)
-            gm.add_submodule(qualname, new)
-            created[qualname] = new
-            return qualname
-    scope = qualname
-    while scope and not (_exists(gm, scope) and type(gm.get_submodule(scope)) is nn.Module):
-        scope = scope.rpartition(".")[0]  # the nearest container (not a rebuilt layer)
-    base = f"{scope}.{node.name}" if scope else node.name
-    name, k = base, 0
-    while not _free(gm, name):
-        k += 1
-        name = f"{base}_{k}"
-    gm.add_submodule(name, new)
-    created[name] = new
-    return name
-
-
-def _exists(gm: nn.Module, path: str) -> bool:
-    try:
-        gm.get_submodule(path)
-        return True
-    except AttributeError:
-        return False
-
-
-def _free(gm: nn.Module, path: str) -> bool:
-    """Whether a module can be added at ``path``: the name is unused and every existing parent is a container
-    (the root, or a plain ``nn.Module`` as torch.export makes them), not a rebuilt layer."""
-    obj: Any = gm
-    parts = path.split(".")
-    for part in parts[:-1]:
-        if not hasattr(obj, part):
-            return True  # _ensure_parents creates the rest
-        obj = getattr(obj, part)
-        if type(obj) is not nn.Module:
-            return False
-    return not hasattr(obj, parts[-1])
-
-
-def _ensure_parents(gm: nn.Module, path: str) -> None:
-    obj = gm
-    for part in path.split(".")[:-1]:
-        if not hasattr(obj, part):
-            obj.add_module(part, nn.Module())
-        obj = getattr(obj, part)
+    args = example if isinstance(example, tuple) else (example,)
+    return lift_exported(gm, args)
 
 
 # ---------------------------------------------------------------------- calibration data
@@ -933,8 +591,7 @@ class QuantizeResult:
     sqnr_db: float
     files: dict[str, int]  # file name -> bytes
     notes: list[str] = field(default_factory=list)
-    lifted: dict[str, int] = field(default_factory=dict)
-    left: dict[str, int] = field(default_factory=dict)
+    rebuilt: int = 0  # torch.export program: module calls rebuilt from its aten calls
 
 
 def _run(model: nn.Module, x: Batch, what: str, arg: str = "--calib") -> Any:
@@ -1078,7 +735,8 @@ def prepare_model_and_batches(model_path: str | os.PathLike, data_path: str | os
     model = loaded.model
     if loaded.kind == "export":
         _run(model, dummy, "calibration batches", data_arg)
-        loaded.lifted, loaded.left = _lift_exported(model, dummy)
+        model = loaded.model = _lift_exported(model, dummy)
+        loaded.rebuilt = sum(1 for n in model.graph.nodes if n.op == "call_module")
     _run(model, dummy, "calibration batches", data_arg)
     if len(batches) > 1 and batch_shape(batches[-1]) != batch_shape(dummy):
         _run(model, batches[-1], "the last (smaller) calibration batch", data_arg)
@@ -1132,8 +790,8 @@ def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike,
                                                  *m.param_quantizers.values()])]
     if not quantized:
         hint = ""
-        if loaded.kind == "export" and loaded.left:
-            hint = (f"; its ops {_shortlist(sorted(loaded.left))} have no quantized counterpart quanta can rebuild "
+        if loaded.kind == "export" and sim.float_ops:
+            hint = (f"; its ops {_shortlist(sorted(sim.float_ops))} have no quantized counterpart quanta can rebuild "
                     "from a torch.export program: pass the state dict with --model-class instead")
         raise ValueError(f"QuantizationSimModel found nothing to quantize in MODEL {model_path}{hint}")
 
@@ -1173,7 +831,7 @@ def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike,
     _log_warnings(warned, log)
     return QuantizeResult(out, loaded.kind, quantized, list(sim.unquantized_modules), list(sim.float_ops), n_param,
                           len(named) - n_param, len(batches), batch_shape(dummy), sqnr,
-                          {f: (out / f).stat().st_size for f in written}, notes, loaded.lifted, loaded.left)
+                          {f: (out / f).stat().st_size for f in written}, notes, loaded.rebuilt)
 
 
 def _check_version(sim: Any, version: EncodingsVersion) -> None:
@@ -1284,8 +942,7 @@ def format_summary(result: QuantizeResult) -> str:
         lines.append(f"kept in float: modules {_shortlist(result.unquantized_modules)}; "
                      f"ops {_shortlist(result.float_ops)}")
     if result.model_kind == "export":
-        lines.append(f"torch.export program: rebuilt {sum(result.lifted.values())} aten calls as modules/functions"
-                     + (f"; left as aten: {_shortlist(sorted(result.left))}" if result.left else ""))
+        lines.append(f"torch.export program: rebuilt {result.rebuilt} module calls from its aten calls")
     lines.append(f"calibrated on {result.num_batches} batches of {format_batch_shape(result.batch_shape)}")
     sq = "inf (identical)" if math.isinf(result.sqnr_db) else f"{result.sqnr_db:.1f} dB"
     lines.append(f"output SQNR (sim vs float, first batch): {sq}")
