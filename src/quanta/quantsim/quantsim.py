@@ -170,7 +170,7 @@ class QuantizationSimModel:
         self.config = QuantSimConfig.load(config_file)
         self._percentile = 99.99
 
-        base = model if in_place else copy.deepcopy(model)
+        base = model if in_place else _deepcopy(model)
         self._prepared: PreparedModel = prepare_model(base, self._dummy_args, self._dummy_kwargs, trace=trace)
         self.model: nn.Module = self._prepared.model
         #: how the model was captured: "export" (torch.export), "fx" (torch.fx) or "leaves" (not captured)
@@ -472,7 +472,7 @@ class QuantizationSimModel:
         """A copy of ``model`` (e.g. ``sim.model``) with every quantized module turned back into its float
         module (AIMET's method); ``qdq_weights`` bakes the parameter quantizers' fake-quantized values into
         the copy's parameters first. ``model`` is not modified."""
-        original = copy.deepcopy(model)
+        original = _deepcopy(model)
         if qdq_weights:
             _fold_params(((n, m) for n, m in original.named_modules() if isinstance(m, QuantizationMixin)),
                          "run compute_encodings() first (or qdq_weights=False)")
@@ -858,6 +858,14 @@ class QuantizationSimModel:
 
 
 # ---------------------------------------------------------------------- helpers
+def _deepcopy(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy`` without torch's own deprecation notice from copying a torch.export graph module's
+    pytree specs (``isinstance(treespec, LeafSpec)``), which the user can do nothing about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        return copy.deepcopy(model)
+
+
 def _shortlist(names: list[str], limit: int = 8) -> str:
     if len(names) <= limit:
         return ", ".join(names) if names else "none"
