@@ -217,3 +217,44 @@ def test_onnx_export_of_a_keyword_input_transformer(tmp_path):
         want = sim.model(**x).last_hidden_state
     step = sim.model.get_submodule("encoder.layer.1.output.LayerNorm").output_quantizers[0].get_scale().item()
     assert (torch.from_numpy(got) - want).abs().max().item() <= step * 1.001
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def test_gpt2_conv1d_and_written_out_gelu_are_quantized():
+    model = _gpt2()
+    sim = _quiet_sim(model, _tokens(2, 8))
+    assert sim.capture_method == "export" and sim.float_ops == [] and sim.unquantized_modules == []
+    c_attn = sim.model.get_submodule("transformer.h.0.attn.c_attn")
+    assert isinstance(c_attn, quanta.nn.QuantizedTransposedLinear) and c_attn.weight is not None
+    assert c_attn.param_quantizers["weight"].shape == (1, c_attn.weight.shape[1])  # per output feature
+    assert isinstance(sim.model.get_submodule("transformer.h.0.mlp.act"), quanta.nn.QuantizedGELU)
+    lm_head = sim.model.get_submodule("lm_head")  # tied to the token embedding
+    assert isinstance(lm_head, quanta.nn.QuantizedLinear)
+    assert lm_head.weight is sim.model.get_submodule("transformer.wte").weight
+
+
+@pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_onnx_export_of_a_decoder_with_fixed_keyword_inputs(tmp_path, make):
+    ort = pytest.importorskip("onnxruntime")
+    model = make()
+    x = {**_tokens(2, 8, seed=1), "use_cache": False}  # a non-tensor keyword input: fixed in the graph
+    sim = _quiet_sim(model, x)
+    sim.compute_encodings([{**_tokens(2, 8, seed=s), "use_cache": False} for s in range(3)], progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim.export(str(tmp_path), "lm", x)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the QDQ graph as written
+    session = ort.InferenceSession(str(tmp_path / "lm.onnx"), options)
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
+    got = torch.from_numpy(session.run(["logits"], {k: v.numpy() for k, v in x.items() if k != "use_cache"})[0])
+    with torch.no_grad():
+        want = sim.model(**x).logits
+    step = sim.model.get_submodule("lm_head").output_quantizers[0].get_scale().item()
+    assert (got - want).abs().max().item() <= step * 1.001

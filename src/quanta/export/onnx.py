@@ -458,19 +458,38 @@ def _quiet() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------- argument checks
-def _check_inputs(dummy_input: Any, model: nn.Module) -> tuple[torch.Tensor, ...]:
-    if isinstance(dummy_input, Mapping):  # keyword inputs: in the order of the forward's parameters
+class _Exported(nn.Module):
+    """What the ONNX exporter traces: ``model`` called with the tensor inputs as positional arguments and the
+    other keyword inputs (``use_cache=False``) fixed, returning the tensors of its output as a flat tuple
+    (a ``ModelOutput`` holding a ``DynamicCache`` is not something the exporter takes)."""
+
+    def __init__(self, model: nn.Module, names: list[str], fixed: dict[str, Any]) -> None:
+        super().__init__()
+        self.model, self.names, self.fixed = model, names, fixed
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(_flat_tensors(self.model(**dict(zip(self.names, tensors)), **self.fixed)))
+
+
+def _check_inputs(dummy_input: Any, model: nn.Module) -> tuple[tuple[torch.Tensor, ...], dict[str, Any] | None]:
+    """``(positional tensor inputs, None)``, or for a dict of keyword inputs ``(its tensors in the order of the
+    forward's parameters, {name: value} of all of them)``."""
+    if isinstance(dummy_input, Mapping):
         try:
-            dummy_input = tuple(inspect.signature(model.forward).bind(**dummy_input).arguments.values())
+            bound = inspect.signature(model.forward).bind(**dummy_input).arguments
         except TypeError as e:
             raise TypeError(f"dummy_input: {e}") from None
+        tensors = tuple(v for v in bound.values() if isinstance(v, torch.Tensor))
+        if not tensors:
+            raise TypeError("dummy_input: the dict holds no tensor")
+        return tensors, dict(bound)
     args = dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
     if not args or not all(isinstance(a, torch.Tensor) for a in args):
         raise TypeError(
             "dummy_input must be a tensor, a tuple of tensors (the positional inputs of sim.model) or a dict of "
             "keyword inputs, "
             f"got {type(dummy_input).__name__}")
-    return args
+    return args, None
 
 
 def _input_names(model: nn.Module, n: int) -> list[str]:
@@ -519,7 +538,9 @@ def export_onnx(
     Args:
         sim: a :class:`~quanta.quantsim.QuantizationSimModel` (calibrated, for ``qdq=True``).
         path: the ``.onnx`` file, written atomically (a failed export leaves an existing file intact).
-        dummy_input: a tensor or tuple of tensors ``sim.model`` accepts; the graph has its shapes.
+        dummy_input: a tensor or tuple of tensors ``sim.model`` accepts, or a dict of its keyword inputs
+            (the graph inputs are its tensors; other values, ``use_cache=False``, are fixed); the graph has
+            their shapes.
         qdq: if False, write the float graph (no quantization nodes) with the same tensor names,
             for use with an encodings file.
         prequantize_weights: store quantized weights as integer (or float8 / float16) initializers
@@ -550,7 +571,7 @@ def export_onnx(
         raise TypeError(f"sim must be a quanta.quantsim.QuantizationSimModel, got {type(sim).__name__}")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    args = _check_inputs(dummy_input, sim.model)
+    args, keywords = _check_inputs(dummy_input, sim.model)
     for flag, value in (("qdq", qdq), ("prequantize_weights", prequantize_weights), ("dynamo", dynamo)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {value!r}")
@@ -575,7 +596,7 @@ def export_onnx(
     model = sim.model
     with eval_mode(model), _stubs_in(slots):
         with torch.no_grad():
-            result = model(*args)  # records each quantizer's input shapes
+            result = model(**keywords) if keywords is not None else model(*args)  # records quantizers' shapes
             outputs = _flat_tensors(result)
         used = {k: s for k, s in slots.items() if s.stub.inputs}
         unused = [s.name for s in slots.values() if not s.stub.inputs]
@@ -593,9 +614,14 @@ def export_onnx(
                                           "models can be exported (call sim.model.float() first)")
         plans = {s.name: _plan_for_calls(s) for s in used.values()} if qdq else {}
         target = _choose_opset(plans, opset, dynamo)
-        input_names = _input_names(model, len(args))
+        if keywords is not None:
+            input_names = [k for k, v in keywords.items() if isinstance(v, torch.Tensor)]
+            traced: nn.Module = _Exported(model, input_names,
+                                          {k: v for k, v in keywords.items() if not isinstance(v, torch.Tensor)})
+        else:
+            input_names, traced = _input_names(model, len(args)), model
         output_names = _output_names(result)
-        proto = _torch_export(model, args, used, target, input_names, output_names, dynamo)
+        proto = _torch_export(traced, args, used, target, input_names, output_names, dynamo)
 
     names = _rewrite(proto, used, plans, qdq=qdq, prequantize=prequantize_weights)
     dropped = [s.name for s in used.values() if s.name not in names]

@@ -106,4 +106,14 @@ class ChannelsFirstLayerNorm(nn.LayerNorm):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return super().forward(input.movedim(1, -1)).movedim(-1, 1)
+        return _channels_first(super().forward(_channels_last(input)))
+
+
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    """``(N, C, *S)`` -> ``(N, *S, C)`` (explicit permutes: the ONNX exporter mistranslates negative movedim)."""
+    return x.permute(0, *range(2, x.dim()), 1)
+
+
+def _channels_first(x: torch.Tensor) -> torch.Tensor:
+    """``(N, *S, C)`` -> ``(N, C, *S)``."""
+    return x.permute(0, x.dim() - 1, *range(1, x.dim() - 1))

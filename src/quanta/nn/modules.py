@@ -25,7 +25,17 @@ from torch import nn
 
 from quanta.kernels.range_affine import relu_quantize_dequantize
 from quanta.nn.base import QuantizationMixin, plain, qdq
-from quanta.nn.functional import Add, ChannelsFirstLayerNorm, Concat, MatMul, Mean, Multiply, TransposedLinear
+from quanta.nn.functional import (
+    Add,
+    ChannelsFirstLayerNorm,
+    Concat,
+    MatMul,
+    Mean,
+    Multiply,
+    TransposedLinear,
+    _channels_first,
+    _channels_last,
+)
 from quanta.quantization.affine import QuantizeDequantize
 
 __all__ = [
@@ -198,9 +208,9 @@ class QuantizedChannelsFirstLayerNorm(_QuantizedNorm, ChannelsFirstLayerNorm):
     """Quantized :class:`~quanta.nn.ChannelsFirstLayerNorm` (ConvNeXt's channels-first LayerNorm)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        y = F.layer_norm(self._qinput(0, input).movedim(1, -1), self.normalized_shape, self._qparam("weight"),
+        y = F.layer_norm(_channels_last(self._qinput(0, input)), self.normalized_shape, self._qparam("weight"),
                          self._qparam("bias"), self.eps)
-        return self._qoutput(y.movedim(-1, 1), owned=True)
+        return self._qoutput(_channels_first(y), owned=True)
 
 
 class QuantizedRMSNorm(_QuantizedNorm, nn.RMSNorm):
@@ -213,8 +223,15 @@ class QuantizedRMSNorm(_QuantizedNorm, nn.RMSNorm):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        y = F.rms_norm(self._qinput(0, input), self.normalized_shape, self._qparam("weight"), self.eps)
-        return self._qoutput(y, owned=True)
+        # written out as Hugging Face's RMSNorms compute it (in float32, then back to the input's dtype): the
+        # same values as the modules captured as this one, and ops every ONNX opset has
+        x = self._qinput(0, input)
+        h = x.float()
+        dims = tuple(range(-len(self.normalized_shape), 0))
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        y = (h * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)).to(x.dtype)
+        w = self._qparam("weight")
+        return self._qoutput(y if w is None else w * y, owned=True)
 
 
 class _QuantizedBatchNorm(QuantizationMixin):

@@ -369,19 +369,30 @@ def _single_quantizable_op(nodes: list[fx.Node]) -> bool:
 
 
 def _drop_no_ops(gm: fx.GraphModule) -> None:
-    """Remove run-time metadata assertions and casts to the dtype and device a tensor already has (torch.export
-    records ``x.to(torch.float32)`` of a float32 tensor, and its users then look like users of a new value)."""
+    """Remove run-time metadata assertions, casts to the dtype and device a tensor already has (torch.export
+    records ``x.to(torch.float32)`` of a float32 tensor, and its users then look like users of a new value) and
+    the copy-and-detach of constants made inside ``forward`` (which the ONNX exporter cannot translate)."""
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
         packet = getattr(node.target, "overloadpacket", None)
         if packet is _aten._assert_tensor_metadata and not node.users:
             gm.graph.erase_node(node)
+        elif packet in (_aten.detach, _aten.detach_) and isinstance(node.args[0], fx.Node) and (
+                node.args[0].op == "get_attr" or getattr(node.args[0].target, "overloadpacket", None)
+                is _aten.lift_fresh_copy):  # detaching a constant (torch.tensor(...) inside forward)
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
         elif packet in (_aten.to, _aten._to_copy, _aten.alias) and node.args and _is_tensor(node.args[0]):
             before, after = node.args[0].meta["val"], node.meta.get("val")
             if isinstance(after, torch.Tensor) and (before.dtype, before.device) == (after.dtype, after.device):
                 node.replace_all_uses_with(node.args[0])
                 gm.graph.erase_node(node)
+    for node in list(gm.graph.nodes):  # after the detaches above are gone
+        if getattr(node.target, "overloadpacket", None) is _aten.lift_fresh_copy and not any(
+                u.target._schema.is_mutable for u in node.users if hasattr(u.target, "_schema")):
+            node.replace_all_uses_with(node.args[0])  # a fresh copy of a constant nobody changes: the constant
+            gm.graph.erase_node(node)
     gm.graph.lint()
     gm.recompile()
 
