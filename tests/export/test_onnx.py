@@ -26,6 +26,7 @@ from quantsim_models import SmallCNN, TransformerBlock, make_cnn_data, make_seq_
 from quanta.export.onnx import export_onnx  # noqa: E402
 from quanta.quantization.affine import QuantizeDequantize  # noqa: E402
 from quanta.quantization.float import FloatQuantizeDequantize  # noqa: E402
+import quanta.nn  # noqa: E402
 from quanta.quantsim import INTEGER_ONLY, QuantizationSimModel, QuantSimConfig  # noqa: E402
 
 MODELS = {
@@ -38,19 +39,27 @@ MODELS = {
 
 def _config(**params: object) -> dict:
     """INTEGER_ONLY (every tensor quantized) with ``params`` set on Gemm (Linear) weights."""
-    d = QuantSimConfig.load(INTEGER_ONLY).to_dict()
+    d = _int8_everywhere()
     d["op_type"]["Gemm"] = {"params": {"weight": dict(params)}}
     return d
 
 
-def _float8_weights() -> dict:
+def _int8_everywhere() -> dict:
+    """INTEGER_ONLY with the norms at the default bitwidth too: every tensor on an 8-bit grid (opset 13)."""
     d = QuantSimConfig.load(INTEGER_ONLY).to_dict()
+    for op in ("LayerNormalization", "RMSNormalization"):
+        d["op_type"][op].pop("bitwidth")
+    return d
+
+
+def _float8_weights() -> dict:
+    d = _int8_everywhere()
     d["defaults"]["params"]["dtype"] = "float"
     return d
 
 
 SIMS = {  # sim configurations; every tensor quantized, so the output is on a grid whose step bounds the error
-    "w8a8": {"config_file": INTEGER_ONLY},
+    "w8a8": {"config_file": _int8_everywhere()},
     "w4_block8": {"config_file": _config(block_size=8, bitwidth=4)},
     "a16": {"default_output_bw": 16, "config_file": INTEGER_ONLY},
     "w_float8": {"config_file": _float8_weights()},
@@ -157,9 +166,13 @@ def test_default_config_keeps_the_residual_adds_in_float(tmp_path):
     sim, x = _sim("transformer")
     path, names, model = _export(sim, tmp_path, x)
     assert not any(n.startswith("add") for n in names)
+    assert not any(n.startswith(("proj.output", "fc2.output")) for n in names)  # fused with their adds
     assert "Add" in _ops(model)
-    q = dict(sim.named_quantizers())
-    bound = float(q["proj.output_quantizers.0"].get_scale() + q["fc2.output_quantizers.0"].get_scale())
+    q, m = dict(sim.named_quantizers()), dict(sim.model.named_modules())
+    # proj and fc2 reach the output unquantized through the adds: a one-code difference in each of their
+    # quantized inputs moves an output by at most step * (the largest absolute row sum of the weight)
+    bound = sum(float(q[f"{src}.output_quantizers.0"].get_scale()) * float(m[dst].weight.abs().sum(1).max())
+                for src, dst in (("matmul_1", "proj"), ("act", "fc2")))
     assert np.abs(_run(path, x) - _reference(sim, x)).max() <= bound
 
 
@@ -557,4 +570,8 @@ def test_hf_style_encoder_with_dict_outputs(tmp_path):
     got = _run(path, ids[:4], mask[:4])  # the first output
     with torch.no_grad():
         want = sim.model(ids[:4], mask[:4])["last_hidden_state"].numpy()
-    np.testing.assert_array_equal(got, want)
+    # float kernels differ between torch and onnxruntime (layer norm), which can flip a fine 16-bit code of
+    # the norms (the output is a norm's): at most one code of a norm's output quantizer
+    step = max(float(m.output_quantizers[0].get_scale()) for m in sim.model.modules()
+               if isinstance(m, quanta.nn.QuantizedLayerNorm))
+    np.testing.assert_allclose(got, want, rtol=0, atol=step * 1.01)

@@ -18,7 +18,7 @@ from quanta.export import (
     sim_encodings,
     tensor_names,
 )
-from quanta.quantsim import QuantizationSimModel
+from quanta.quantsim import QuantSimConfig, QuantizationSimModel
 
 V061, V100, V200 = EncodingsVersion.V0_6_1, EncodingsVersion.V1_0_0, EncodingsVersion.V2_0_0
 ALL_VERSIONS = [V061, V100, V200]
@@ -39,13 +39,23 @@ def _models():
 
 MODELS = _models()
 
+def _norms_at_default_width() -> dict:
+    cfg = QuantSimConfig.load().to_dict()
+    for op in ("LayerNormalization", "RMSNormalization"):
+        cfg["op_type"][op].pop("bitwidth")
+    return cfg
+
+
 # name -> QuantizationSimModel kwargs
 RECIPES = {
     "w8a8": {},
     "w4_block_a16": {"config_file": W4_BLOCK_CONFIG, "default_output_bw": 16},
     "a16": {"default_output_bw": 16},
     "float16": {"default_data_type": float, "default_output_bw": 16, "default_param_bw": 16},
-    "float8": {"default_data_type": float, "default_output_bw": 8, "default_param_bw": 8},
+    # the norms at the default's 16 bits would be float16, which AIMET's 2.0.0 format (the only one with
+    # float8) cannot write: this recipe keeps every activation in float8
+    "float8": {"default_data_type": float, "default_output_bw": 8, "default_param_bw": 8,
+               "config_file": _norms_at_default_width()},
 }
 
 # (recipe, version) pairs the version cannot hold, and the words the write error must contain

@@ -215,8 +215,9 @@ def test_onnx_export_of_a_keyword_input_transformer(tmp_path):
     got = session.run(["last_hidden_state"], {k: v.numpy() for k, v in x.items()})[0]
     with torch.no_grad():
         want = sim.model(**x).last_hidden_state
+    # the last LayerNorm's output (16 bits) is the model output: one of its steps, plus float rounding
     step = sim.model.get_submodule("encoder.layer.1.output.LayerNorm").output_quantizers[0].get_scale().item()
-    assert (torch.from_numpy(got) - want).abs().max().item() <= step * 1.001
+    assert (torch.from_numpy(got) - want).abs().max().item() <= step * 1.01
 
 
 def _gpt2():

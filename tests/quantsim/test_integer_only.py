@@ -88,6 +88,9 @@ def test_integer_only_differs_from_default_only_by_add():
     a = QuantSimConfig.load(INTEGER_ONLY).to_dict()
     b = QuantSimConfig.load().to_dict()
     assert b["op_type"].pop("Add") == {"is_output_quantized": False}
+    gemm_add = {"op_list": ["Gemm", "Add"]}
+    assert gemm_add in b["supergroups"] and gemm_add not in a["supergroups"]  # the residual branch quantized too
+    b["supergroups"].remove(gemm_add)
     assert a == b
     assert qs.INTEGER_ONLY is INTEGER_ONLY
 
@@ -246,5 +249,7 @@ def test_cli_quantize_with_integer_only_json(tmp_path, monkeypatch, capsys):
         results[tag] = json.loads((tmp_path / f"out_{tag}" / "quantsim.encodings.json").read_text())["quantizers"]
     assert any(k.startswith("add.output") for k in results["io"]), list(results["io"])
     assert not any(k.startswith("add.output") for k in results["default"]), list(results["default"])
-    assert set(results["io"]) - set(results["default"]) == {k for k in results["io"] if k.startswith("add.")}
+    # INTEGER_ONLY quantizes the add and the Linear feeding it (fused with the add by the default's Gemm -> Add)
+    assert set(results["io"]) - set(results["default"]) == {k for k in results["io"]
+                                                             if k.startswith(("add.", "a.output"))}
     sys.modules.pop(MODULE, None)

@@ -281,6 +281,7 @@ def _layout(sim: QuantizationSimModel) -> dict[str, tuple]:
 
 W8 = (-128, 127, True)
 A8 = ((), 0, 255, False)
+A16 = ((), 0, 65535, False)
 
 
 def test_default_layout_small_cnn():
@@ -321,10 +322,14 @@ def test_default_layout_transformer_block():
     for name in ("ln1", "ln2"):
         assert layout[f"{name}.param_quantizers.weight"] == ((), *W8)  # norm weight per tensor
         assert sub(sim, name).param_quantizers["bias"] is None
-    for name in ("ln1", "qkv", "matmul", "softmax", "matmul_1", "proj", "ln2", "fc1", "act", "fc2"):
+    for name in ("qkv", "matmul", "softmax", "matmul_1", "fc1", "act"):
         assert layout[f"{name}.output_quantizers.0"] == A8, name  # no supergroup here
+    for name in ("ln1", "ln2"):
+        assert layout[f"{name}.output_quantizers.0"] == A16, name  # norms at 16 bits
     for name in ("add", "add_1"):  # the residual stream stays in float
         assert isinstance(sub(sim, name), quanta.nn.QuantizedAdd) and sub(sim, name).output_quantizers[0] is None
+    for name in ("proj", "fc2"):  # a residual branch's last Linear: fused with its add (Gemm -> Add supergroup)
+        assert sub(sim, name).output_quantizers[0] is None, name
     assert isinstance(sub(sim, "matmul"), quanta.nn.QuantizedMatMul)
     assert isinstance(sub(sim, "softmax"), quanta.nn.QuantizedSoftmax)
     assert sub(sim, "ln1").input_quantizers[0] is None  # model inputs are not quantized by default
@@ -335,10 +340,13 @@ def test_integer_only_quantizes_the_residual_adds_too():
     with pytest.warns(UserWarning, match=r"\bdiv\b"):
         sim = QuantizationSimModel(TransformerBlock(), randn(2, 4, 32), config_file=quanta.quantsim.INTEGER_ONLY)
     layout = _layout(sim)
-    for name in ("ln1", "qkv", "matmul", "softmax", "matmul_1", "proj", "add", "ln2", "fc1", "act", "fc2", "add_1"):
+    for name in ("qkv", "matmul", "softmax", "matmul_1", "proj", "add", "fc1", "act", "fc2", "add_1"):
         assert layout[f"{name}.output_quantizers.0"] == A8, name
+    for name in ("ln1", "ln2"):
+        assert layout[f"{name}.output_quantizers.0"] == A16, name
     default = QuantSimConfig.load().to_dict()
     del default["op_type"]["Add"]
+    default["supergroups"] = [g for g in default["supergroups"] if g["op_list"] != ["Gemm", "Add"]]
     assert QuantSimConfig.load(quanta.quantsim.INTEGER_ONLY) == QuantSimConfig.load(default)  # nothing else differs
 
 
@@ -541,7 +549,7 @@ def test_per_name_glob_disables_output_quantizer():
         sim = QuantizationSimModel(TransformerBlock(), randn(2, 4, 32), config_file=cfg)
     assert sub(sim, "fc1").output_quantizers[0] is None and sub(sim, "fc2").output_quantizers[0] is None
     assert sub(sim, "fc1").param_quantizers["weight"] is not None
-    for name in ("qkv", "proj", "act"):
+    for name in ("qkv", "matmul", "act"):
         assert sub(sim, name).output_quantizers[0] is not None, name
 
 

@@ -132,7 +132,7 @@ def test_sqnr_values_match_hand_computation(which, request):
     for row in report.layers:
         assert row.sqnr_db == pytest.approx(_sqnr(reference[row.name], quantized[row.name]), rel=1e-9), row.name
         assert math.isfinite(row.sqnr_db) and math.isfinite(row.local_sqnr_db)
-        assert 20 < row.local_sqnr_db < 80, row
+        assert 20 < row.local_sqnr_db < (120 if row.op_type in ("LayerNorm", "RMSNorm") else 80), row  # 16-bit
     # the last layer's output is the model output
     assert report.layers[-1].sqnr_db == pytest.approx(report.output_sqnr_db, rel=1e-12)
     # the first layer reads the model input, so its local and cumulative errors are the same

@@ -731,9 +731,12 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
             "per_channel_quantization": False,
             "params": {"weight": {"is_quantized": False}, "bias": {"is_quantized": False}},
         },
-        "LayerNormalization": {"per_channel_quantization": False},
+        # A transformer's LayerNorm/RMSNorm outputs carry its outlier channels (post-LN BERT: the residual
+        # stream itself); 8 bits there cost real models most of their accuracy (all-MiniLM-L6-v2 sentence
+        # embeddings: mean cosine 0.987 -> 0.995 with them at 16 bits; docs/real_weights.md).
+        "LayerNormalization": {"per_channel_quantization": False, "bitwidth": 16},
         "GroupNormalization": {"per_channel_quantization": False},
-        "RMSNormalization": {"per_channel_quantization": False},
+        "RMSNormalization": {"per_channel_quantization": False, "bitwidth": 16},
         # The residual stream: an add's output has the widest range in the network and costs no MACs, so
         # it stays in float (as TensorRT/ModelOpt place Q/DQ, and as AIMET runs without its model preparer);
         # one 8-bit per-tensor quantizer there caps a transformer block's output near 38 dB. Its consumers
@@ -747,16 +750,21 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
         {"op_list": ["Conv", "BatchNormalization"]},
         {"op_list": ["Conv", "BatchNormalization", "Relu"]},
         {"op_list": ["Add", "Relu"]},
+        # a residual branch's last Linear (attention output, FFN down projection) runs fused with the add
+        # it feeds: its output is not quantized on its own (with the add's output in float, it stays float)
+        {"op_list": ["Gemm", "Add"]},
     ],
     "model_input": {},
     "model_output": {},
 }
 
 
-#: BUILTIN_DEFAULT with every activation quantized, elementwise adds included: what an integer-only
-#: backend runs (AIMET's default config on a model-prepared graph places the same quantizers).
+#: BUILTIN_DEFAULT with every activation quantized, elementwise adds and the residual branches feeding them
+#: included: what an integer-only backend runs (AIMET's default config on a model-prepared graph places the
+#: same quantizers; the norms keep their 16 bits).
 INTEGER_ONLY: Mapping[str, Any] = copy.deepcopy(  # its own nested dicts: editing one leaves the other alone
-    {**BUILTIN_DEFAULT, "op_type": {k: v for k, v in BUILTIN_DEFAULT["op_type"].items() if k != "Add"}})
+    {**BUILTIN_DEFAULT, "op_type": {k: v for k, v in BUILTIN_DEFAULT["op_type"].items() if k != "Add"},
+     "supergroups": [g for g in BUILTIN_DEFAULT["supergroups"] if g["op_list"] != ["Gemm", "Add"]]})
 
 
 @functools.cache

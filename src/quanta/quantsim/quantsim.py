@@ -42,7 +42,7 @@ from quanta.quantization.base import QuantizerBase
 from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.quantsim.config import DataType, QuantizerSpec, QuantSimConfig, op_types_of
 from quanta.quantsim.capture import CaptureMethod, PreparedModel, flat_inputs, prepare_model
-from quanta.quantsim.preparer import _PASSTHROUGH_MODULES
+from quanta.quantsim.preparer import _PASSTHROUGH_MODULES, _changes_values
 from quanta.quantsim.progress import progress_bar
 from quanta.quantsim.scheme import QuantScheme
 
@@ -389,7 +389,10 @@ class QuantizationSimModel:
                     users = list(cur.users)
                     if len(users) != 1 or cur.target in model_outputs:
                         break
-                    chain.append(users[0])
+                    nxt = users[0]
+                    while _moves_values(nxt, modules) and len(nxt.users) == 1:  # dropout, view, ... in between
+                        nxt = next(iter(nxt.users))
+                    chain.append(nxt)
                 if chain[-1] is not None:
                     continue
                 for n in chain[:-2]:
@@ -858,6 +861,13 @@ class QuantizationSimModel:
 
 
 # ---------------------------------------------------------------------- helpers
+def _moves_values(node: fx.Node, modules: Mapping[str, nn.Module]) -> bool:
+    """Whether ``node`` only moves or selects values (a dropout module, a view, a transpose, ...)."""
+    if node.op == "call_module":
+        return isinstance(modules.get(node.target), _PASSTHROUGH_MODULES)  # type: ignore[arg-type]
+    return node.op in ("call_function", "call_method") and not _changes_values(node)
+
+
 def _deepcopy(model: nn.Module) -> nn.Module:
     """``copy.deepcopy`` without torch's own deprecation notice from copying a torch.export graph module's
     pytree specs (``isinstance(treespec, LeafSpec)``), which the user can do nothing about."""
