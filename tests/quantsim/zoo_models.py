@@ -38,6 +38,18 @@ def _audio(batch: int, length: int) -> dict[str, Any]:
     return {"input_values": torch.randn(batch, 400 + 40 * length)}
 
 
+def _mel(batch: int, length: int) -> dict[str, Any]:  # Whisper's encoder takes a fixed 16-frame window here
+    return {"input_features": torch.randn(batch, 16, 16)}
+
+
+def _whisper_encoder() -> torch.nn.Module:
+    cfg = T.WhisperConfig(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
+                          max_source_positions=8, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+                          decoder_start_token_id=0)
+    return T.WhisperModel(cfg).get_encoder()
+
+
 ZOO: dict[str, tuple[Callable[[], torch.nn.Module], Inputs, str]] = {
     "bert": (lambda: T.BertModel(T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
                                               num_attention_heads=4, intermediate_size=64)), _tokens,
@@ -69,6 +81,52 @@ ZOO: dict[str, tuple[Callable[[], torch.nn.Module], Inputs, str]] = {
                                                     layer_type="basic")), _pixels, "last_hidden_state"),
     "mobilenet_v2": (lambda: T.MobileNetV2Model(T.MobileNetV2Config(image_size=32, depth_multiplier=0.35)), _pixels,
                      "last_hidden_state"),
+    "roberta": (lambda: T.RobertaModel(T.RobertaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=4, intermediate_size=64)), _tokens,
+                "last_hidden_state"),
+    "albert": (lambda: T.AlbertModel(T.AlbertConfig(vocab_size=100, embedding_size=16, hidden_size=32,
+                                                    num_hidden_layers=2, num_attention_heads=4,
+                                                    intermediate_size=64)), _tokens, "last_hidden_state"),
+    "electra": (lambda: T.ElectraModel(T.ElectraConfig(vocab_size=100, embedding_size=16, hidden_size=32,
+                                                       num_hidden_layers=2, num_attention_heads=4,
+                                                       intermediate_size=64)), _tokens, "last_hidden_state"),
+    "deberta_v2": (lambda: T.DebertaV2Model(T.DebertaV2Config(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                              num_attention_heads=4, intermediate_size=64)), _tokens,
+                   "last_hidden_state"),
+    "mistral": (lambda: T.MistralForCausalLM(T.MistralConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                             num_attention_heads=4, num_key_value_heads=2,
+                                                             intermediate_size=64, head_dim=8)), _decoder, "logits"),
+    "phi3": (lambda: T.Phi3ForCausalLM(T.Phi3Config(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                    num_attention_heads=4, num_key_value_heads=2,
+                                                    intermediate_size=64, pad_token_id=0)), _decoder, "logits"),
+    "gemma": (lambda: T.GemmaForCausalLM(T.GemmaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=4, num_key_value_heads=2,
+                                                       intermediate_size=64, head_dim=8)), _decoder, "logits"),
+    "opt": (lambda: T.OPTForCausalLM(T.OPTConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=4, ffn_dim=64, word_embed_proj_dim=32)),
+            _decoder, "logits"),
+    "gpt_neox": (lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                              num_attention_heads=4, intermediate_size=64)),
+                 _decoder, "logits"),
+    "falcon": (lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                          num_attention_heads=4)), _decoder, "logits"),
+    "bart": (lambda: T.BartModel(T.BartConfig(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1,
+                                              encoder_attention_heads=4, decoder_attention_heads=4,
+                                              encoder_ffn_dim=64, decoder_ffn_dim=64)), _seq2seq,
+             "last_hidden_state"),
+    "whisper_encoder": (_whisper_encoder, _mel, "last_hidden_state"),
+    "deit": (lambda: T.DeiTModel(T.DeiTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              intermediate_size=64, image_size=32, patch_size=8)), _pixels,
+             "last_hidden_state"),
+    "segformer": (lambda: T.SegformerModel(T.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                                                             hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+                                                             patch_sizes=[7, 3], strides=[4, 2],
+                                                             mlp_ratios=[2, 2])), _pixels, "last_hidden_state"),
+    "regnet": (lambda: T.RegNetModel(T.RegNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                                                    groups_width=8)), _pixels, "last_hidden_state"),
+    "mobilevit": (lambda: T.MobileViTModel(T.MobileViTConfig(image_size=32, hidden_sizes=[16, 24, 32],
+                                                             neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64])), _pixels,
+                  "last_hidden_state"),
     "wav2vec2": (lambda: T.Wav2Vec2Model(T.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                           intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
                                                           conv_kernel=(10, 3), num_conv_pos_embeddings=16,

@@ -215,6 +215,15 @@ def _equivalents(module: nn.Module) -> list[nn.Module]:
       :class:`quanta.nn.ChannelsFirstLayerNorm`;
     * a parameter-free activation written out in ops (``NewGELUActivation``): GELU (tanh or exact), SiLU, ...
     """
+    base = next((cls for cls in type(module).__mro__[1:] if quantized_class_for(cls) is not None), None)
+    if base is not None:  # a subclass with a forward of its own (Falcon's FalconLinear): the base class's
+        plain = base.__new__(base)  # forward on the same parameters and settings, if it computes the same
+        plain.__dict__.update({k: (v.copy() if isinstance(v, (dict, set)) else v) for k, v in module.__dict__.items()})
+        return [plain, *_equivalents_by_state(module)]
+    return _equivalents_by_state(module)
+
+
+def _equivalents_by_state(module: nn.Module) -> list[nn.Module]:
     if next(module.children(), None) is not None or list(module.buffers(recurse=False)):
         return []
     params = dict(module.named_parameters(recurse=False))
@@ -310,7 +319,10 @@ def lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) 
             x = values.get(data)
             if not isinstance(x, torch.Tensor):
                 continue
-            for option in replacement if isinstance(replacement, list) else [replacement]:
+            options = replacement if isinstance(replacement, list) else [replacement]
+            if path in installed:  # another call of a module lifted already (ALBERT's shared layers): the same
+                options = [installed[path]]
+            for option in options:
                 try:
                     with torch.no_grad(), eval_mode(option):
                         got = option(x, x, x) if mha else (option(x),)
