@@ -259,3 +259,40 @@ def test_onnx_export_of_a_decoder_with_fixed_keyword_inputs(tmp_path, make):
         want = sim.model(**x).logits
     step = sim.model.get_submodule("lm_head").output_quantizers[0].get_scale().item()
     assert (got - want).abs().max().item() <= step * 1.001
+
+
+class _OwnLinear(nn.Linear):
+    """A subclass with a forward of its own (as Falcon's FalconLinear): exact-type lookup finds no counterpart."""
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+class _WithOwnLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = _OwnLinear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def test_subclass_with_its_own_forward_is_lifted_as_its_base_class():
+    torch.manual_seed(0)
+    model = _WithOwnLinear()
+    sim = _quiet_sim(model, torch.randn(4, 8))
+    fc = sim.model.get_submodule("fc")
+    assert type(fc) is quanta.nn.QuantizedLinear and fc.weight is not model.fc.weight  # a copy: not in place
+    assert torch.equal(fc.weight, model.fc.weight)
+    with sim.quantizers_disabled(), torch.no_grad():
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(sim.model(x), model(x))
+
+
+def test_layer_sqnr_takes_keyword_batches():
+    model = _bert()
+    sim = _quiet_sim(model, _tokens(2, 8))
+    sim.compute_encodings([_tokens(2, 8, seed=s) for s in range(2)], progress=False)
+    report = sim.layer_sqnr([_tokens(2, 8, seed=5)])
+    assert report.output_sqnr_db > 25
+    assert any(row.name == "encoder.layer.0.attention.self.softmax" for row in report.layers)

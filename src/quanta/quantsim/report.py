@@ -139,11 +139,12 @@ class _State:
 
 
 def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNRReport:
-    """Build a :class:`LayerSQNRReport` for ``sim`` on ``batches`` (inputs, or tuples of inputs)."""
+    """Build a :class:`LayerSQNRReport` for ``sim`` on ``batches`` (inputs, tuples of inputs, or dicts of
+    keyword inputs)."""
     from quanta.nn import QuantizationMixin
     from quanta.nn.base import quantizers_off
     from quanta.quantsim.config import op_types_of
-    from quanta.quantsim.quantsim import _eval_no_grad
+    from quanta.quantsim.quantsim import _call, _eval_no_grad
 
     # modules whose quantizers are all off (e.g. BatchNorm inside a Conv-BN-ReLU supergroup) add no error: no row
     modules = [(name, m) for name, m in sim.quantized_modules() if next(iter(m._quantizers()), None) is not None]
@@ -182,14 +183,13 @@ def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNR
     try:
         with _eval_no_grad(sim.model):
             for batch in batches:
-                args = batch if isinstance(batch, tuple) else (batch,)
                 state.ref.clear()
                 state.calls.clear()
                 state.recording = True
                 with sim.quantizers_disabled():
-                    ref_out = _tensors(sim.model(*args))
+                    ref_out = _tensors(_call(sim.model, batch))
                 state.recording = False
-                q_out = _tensors(sim.model(*args))
+                q_out = _tensors(_call(sim.model, batch))
                 for r, o in zip(ref_out, q_out):
                     out_acc.add(r, o)
     finally:
