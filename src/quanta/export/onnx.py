@@ -81,6 +81,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from quanta._text import shortlist as _shortlist
 from quanta._files import atomic_write
 from quanta.grids.affine import IntegerGrid
 from quanta.kernels import affine as affine_kernels
@@ -638,11 +639,6 @@ def export_onnx(
     atomic_write(path, write)
     return names
 
-
-def _shortlist(names: list[str], limit: int = 8) -> str:
-    if len(names) <= limit:
-        return ", ".join(names)
-    return ", ".join(names[:limit]) + f", ... ({len(names)} in all)"
 
 
 def _choose_opset(plans: dict[str, _Plan], opset: int | None, dynamo: bool) -> int:

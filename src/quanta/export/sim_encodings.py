@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from quanta._text import shortlist as _shortlist
 from quanta.encodings.affine import AffineEncoding
 from quanta.export.encodings import (
     Encoding,
@@ -191,11 +192,6 @@ def _resolve(slot: _Slot, fe: FileEncoding) -> _Pending:
     raise ValueError(f"encoding {fe.name!r}: quantizer {slot.where} is a {type(q).__name__}, which quanta "
                      "cannot load AIMET encodings into")
 
-
-def _shortlist(names: list[str], limit: int = 8) -> str:
-    if len(names) <= limit:
-        return ", ".join(names) if names else "none"
-    return ", ".join(names[:limit]) + f", ... ({len(names)} in all)"
 
 
 def apply_encodings(

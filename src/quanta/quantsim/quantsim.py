@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from quanta._text import shortlist as _shortlist
 from quanta._files import atomic_write, read_json
 from quanta.encodings.affine import AffineEncoding
 from quanta.encodings.float import FloatEncoding
@@ -875,11 +876,6 @@ def _deepcopy(model: nn.Module) -> nn.Module:
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
         return copy.deepcopy(model)
 
-
-def _shortlist(names: list[str], limit: int = 8) -> str:
-    if len(names) <= limit:
-        return ", ".join(names) if names else "none"
-    return ", ".join(names[:limit]) + f", ... ({len(names)} in all)"
 
 
 _WARNED: set[str] = set()

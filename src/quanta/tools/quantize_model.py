@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from quanta._text import shortlist
 from quanta.export.encodings import EncodingsVersion
 from quanta.quantsim.scheme import QuantScheme
 from quanta.tools.measure import (
@@ -341,10 +342,9 @@ def _load_state(model: nn.Module, state: dict[str, torch.Tensor], spec: str, pat
     model.load_state_dict(state, strict=True)
 
 
-def _shortlist(names: list[str], limit: int = 5) -> str:
-    if len(names) <= limit:
-        return ", ".join(names) if names else "none"
-    return ", ".join(names[:limit]) + f", ... ({len(names)} in all)"
+def _shortlist(names: list[str]) -> str:
+    return shortlist(names, limit=5)
+
 
 
 def _check_export_archive(path: str) -> None:
