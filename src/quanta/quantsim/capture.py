@@ -275,7 +275,7 @@ def lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) 
             found = _stack_key(node)
             if found is not None:
                 regions.setdefault(found[0], (found[1], []))[1].append(node)
-    candidates: list[tuple[str, nn.Module, list[fx.Node], fx.Node, fx.Node, bool]] = []
+    candidates: list[tuple[str, Any, list[fx.Node], fx.Node, list[fx.Node], bool]] = []  # replacement: module(s)
     for path, nodes in regions.values():
         module = _submodule(model, path)
         if module is None:
