@@ -29,6 +29,9 @@ Backward keeps at most one byte per element: a boolean mask when only the input
 needs a gradient; otherwise it keeps a reference to the input (not a copy) and
 recomputes.
 
+Under ``torch.compile`` and ``torch.export`` (``torch.compiler.is_compiling()``) the public functions
+call the same kernels as the custom ops of :mod:`quanta.kernels.ops`, which the tracers can see.
+
 Two implementations, one result: a single-pass native kernel
 (:mod:`quanta.kernels.native`) for CPU tensors whose layout it covers, and an
 eager PyTorch path for everything else (other devices, layouts with blocks in two
@@ -256,6 +259,10 @@ def _check_out(out: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype)
 
 def _apply(mode, x, scale, offset, grid, block_size, out_dtype, out):
     _check_float("input", x)
+    if torch.compiler.is_compiling():  # one custom op (quanta.kernels.ops): the same kernel, traceable
+        if out is not None:
+            raise RuntimeError("out= is not supported under torch.compile / torch.export")
+        return (_ops.quantize_dequantize if mode == QDQ else _ops.quantize)(x, scale, offset, grid, block_size)
     offset = _broadcast_offset(offset, scale)
     p = plan(x, scale.shape, grid, block_size, out_dtype)
     _check_out(out, x, out_dtype)
@@ -337,6 +344,10 @@ def dequantize(
     """
     if q.dtype == torch.bool or q.is_complex():
         raise TypeError(f"input must hold integer codes as a real tensor, got dtype {q.dtype}")
+    if torch.compiler.is_compiling():  # one custom op (quanta.kernels.ops): the same kernel, traceable
+        if out is not None:
+            raise RuntimeError("out= is not supported under torch.compile / torch.export")
+        return _ops.dequantize(q, scale, offset, block_size, output_dtype)
     layout = resolve_layout(q.shape, scale.shape, block_size)
     wide = q.dtype in (torch.float64, torch.int32, torch.int64, torch.uint32, torch.uint64)
     cdt = torch.float64 if wide or torch.float64 in (scale.dtype, offset.dtype) else torch.float32
@@ -357,3 +368,6 @@ def dequantize(
     o = layout.scale_to_blocks(offset.to(cdt))
     y = layout.from_blocks((layout.to_blocks(q.to(cdt)) + o) * s)
     return out.copy_(y) if out is not None else y.to(output_dtype)
+
+
+from quanta.kernels import ops as _ops  # noqa: E402  (registers the quanta:: custom ops this module calls)

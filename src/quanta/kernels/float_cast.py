@@ -32,7 +32,7 @@ from quanta.grids.float import FloatFormat
 from quanta.kernels import native
 from quanta.kernels.blocks import BlockLayout, resolve_layout
 
-__all__ = ["fake_cast", "quantize_dequantize", "quantize", "dequantize"]
+__all__ = ["fake_cast", "quantize_dequantize", "quantize", "dequantize", "forward_raw", "backward_raw"]
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -74,8 +74,8 @@ def fake_cast(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     return out.to(v.dtype)
 
 
-def _forward(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, layout: BlockLayout, want_mask: bool
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward_raw(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, layout: BlockLayout, want_mask: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``cast(x / s) * s`` and optionally the inside-mask: native kernel where it applies, else eager."""
     cdt = _compute_dtype(x.dtype)
     psb = layout.psb() if x.device.type == "cpu" and native.supports(x.dtype) and x.numel() else None
@@ -93,7 +93,7 @@ class _FloatQDQ(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, fmt, layout):  # type: ignore[override]
         needs_x, needs_s = ctx.needs_input_grad[:2]
-        out, mask = _forward(x, scale, fmt, layout, want_mask=needs_x and not needs_s)
+        out, mask = forward_raw(x, scale, fmt, layout, want_mask=needs_x and not needs_s)
         if needs_s:
             ctx.save_for_backward(x, scale)
         elif needs_x:
@@ -108,15 +108,23 @@ class _FloatQDQ(torch.autograd.Function):
             (inside,) = ctx.saved_tensors
             return native.straight_through(grad, inside), None, None, None
         x, scale = ctx.saved_tensors
-        cdt = _compute_dtype(x.dtype)
-        v, _ = _scaled(x, scale, layout)
-        c = fake_cast(v, fmt)
-        inside = v.abs() <= fmt.max
-        gb = layout.to_blocks(grad.to(cdt))
-        dx = layout.from_blocks(torch.where(inside, gb, 0.0)).to(x.dtype) if ctx.needs_input_grad[0] else None
-        d = torch.where(inside, c - v, torch.sign(v) * fmt.max)
-        ds = layout.reduce_to_scale(torch.where(torch.isnan(v), 0.0, gb * d)).to(scale.dtype)
+        dx, ds = backward_raw(grad, x, scale, fmt, layout, (ctx.needs_input_grad[0], True))
         return dx, ds, None, None
+
+
+def backward_raw(grad: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, layout: BlockLayout,
+                 need: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients w.r.t. input and scale (see the module docstring), recomputed from ``x``; None where not needed."""
+    cdt = _compute_dtype(x.dtype)
+    v, _ = _scaled(x, scale, layout)
+    inside = v.abs() <= fmt.max
+    gb = layout.to_blocks(grad.to(cdt))
+    dx = layout.from_blocks(torch.where(inside, gb, 0.0)).to(x.dtype) if need[0] else None
+    ds = None
+    if need[1]:
+        d = torch.where(inside, fake_cast(v, fmt) - v, torch.sign(v) * fmt.max)
+        ds = layout.reduce_to_scale(torch.where(torch.isnan(v), 0.0, gb * d)).to(scale.dtype)
+    return dx, ds
 
 
 def _plan(x: torch.Tensor, scale: torch.Tensor, block_size) -> BlockLayout:
@@ -133,10 +141,12 @@ def quantize_dequantize(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat,
     >>> quantize_dequantize(torch.tensor([0.1, 0.26, 1.0]), torch.tensor(1 / 6), FP4_E2M1)
     tensor([0.0833, 0.2500, 1.0000])
     """
+    if torch.compiler.is_compiling():  # one custom op (quanta.kernels.ops): the same kernel, traceable
+        return _ops.float_quantize_dequantize(x, scale, fmt, block_size)
     layout = _plan(x, scale, block_size)
     if torch.is_grad_enabled() and (x.requires_grad or scale.requires_grad):
         return _FloatQDQ.apply(x, scale, fmt, layout)
-    return _forward(x, scale, fmt, layout, want_mask=False)[0]
+    return forward_raw(x, scale, fmt, layout, want_mask=False)[0]
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat,
@@ -154,3 +164,6 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, ...]
                                                          torch.float64) else torch.float32)
     cdt = _compute_dtype(out_dtype)
     return layout.from_blocks(layout.to_blocks(q.to(cdt)) * layout.scale_to_blocks(scale.to(cdt))).to(out_dtype)
+
+
+from quanta.kernels import ops as _ops  # noqa: E402  (registers the quanta:: custom ops this module calls)
