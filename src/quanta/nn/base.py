@@ -248,7 +248,8 @@ class QuantizationMixin:
         quantized parameter; training mode never uses it and ``train()``/``eval()``
         clear it. The one change it cannot see is an in-place write through
         ``param.data`` (which bypasses version counters) made while in eval mode:
-        call ``module.eval()`` again after such a write.
+        call ``module.eval()`` again after such a write. Under ``torch.compile`` / ``torch.export``
+        the cache is not used (its key is tensor data): the quantizer runs inside the graph.
         """
         p = getattr(self, name)
         if p is None:
@@ -259,7 +260,8 @@ class QuantizationMixin:
             q = None
         if q is None or not isinstance(p, torch.Tensor):
             return p
-        if self.training or torch.is_grad_enabled() or getattr(q, "_calibrating", False):  # type: ignore[attr-defined]
+        if (self.training or torch.is_grad_enabled() or getattr(q, "_calibrating", False)
+                or torch.compiler.is_compiling()):
             return plain(q(p))
         cache = self.__dict__.setdefault("_qparam_cache", {})
         key = _tensor_key(p)
@@ -288,11 +290,12 @@ class QuantizationMixin:
 
         An owned output of a module that hands plain tensors on (``plain_outputs``)
         is fake-quantized in place when autograd is off (one allocation and one
-        pass over memory fewer per quantizer at inference).
+        pass over memory fewer per quantizer at inference); not while compiling
+        or exporting, where the out-of-place op gives the same bits.
         """
         q = self.output_quantizers[i]
         if owned and self.plain_outputs and q is not None and getattr(q, "_qdq_into_", None) is not None \
-                and q._qdq_into_(y):
+                and not torch.compiler.is_compiling() and q._qdq_into_(y):
             return y
         y = qdq(q, y)
         return plain(y) if self.plain_outputs else y

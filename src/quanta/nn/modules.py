@@ -294,7 +294,8 @@ class QuantizedReLU(_QuantizedElementwise, nn.ReLU):
     def forward(self, *inputs: Any) -> torch.Tensor:
         q = self.output_quantizers[0]
         if (len(inputs) == 1 and self.plain_outputs and not self.inplace and torch.is_grad_enabled()
-                and q is not None and getattr(q, "_direct_call", None) is not None):
+                and q is not None and getattr(q, "_direct_call", None) is not None
+                and not torch.compiler.is_compiling()):  # compiled: relu and the quantizer's op, same bits
             x = self._qinput(0, inputs[0])
             call = q._direct_call(x)
             if call is not None:

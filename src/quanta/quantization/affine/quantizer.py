@@ -3,6 +3,16 @@
 They keep a learnable range (``min``, ``max`` parameters of shape ``shape``) and
 derive scale and offset from it on every call (:mod:`quanta.kernels.qparams`),
 so gradients from a QAT loss move the range.
+
+Under ``torch.compile`` and ``torch.export`` (``torch.compiler.is_compiling()``)
+``forward`` takes a path with no data-dependent Python: scale and offset come
+from the range by the same formulas as ever, the kernel is one custom op of
+:mod:`quanta.kernels.ops`, and the result is a plain tensor with the values
+the eager quantizer returns (a tensor subclass carrying an encoding object
+cannot be traced). Whether the quantizer is initialised is read there from a
+Python copy of the ``_initialized`` buffer, kept by ``set_range``,
+``set_encodings``, calibration and ``load_state_dict`` (not by writing into the
+buffer directly). Calibration (``compute_encodings()``) runs eagerly only.
 """
 
 from __future__ import annotations
@@ -104,11 +114,22 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         self.min = nn.Parameter(torch.zeros(self.shape))
         self.max = nn.Parameter(torch.zeros(self.shape))
         self._dynamic_range: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._is_ready = False  # the `_initialized` buffer as a Python bool (read while tracing)
         self._assigned: set[str] = set()  # min/max replaced by assignment since construction
         self._qcache: _QParams | None = None  # scale/offset of the current range, no autograd graph
         self._plans: dict[tuple, AffinePlan] = {}  # per (input shape, dtype, device)
 
     # -- encoding parameters ----------------------------------------------------
+    def _set_initialized(self, value: bool) -> None:
+        super()._set_initialized(value)
+        self._is_ready = bool(value)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        self._is_ready = bool(self._buffers["_initialized"])
+
     def _range(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         if self._dynamic_range is not None:
             return self._dynamic_range
@@ -259,13 +280,16 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
     def _encoding_for(self, x: torch.Tensor) -> AffineEncoding:
         enc = self.get_encodings()
         if enc is None:
-            raise RuntimeError(
-                f"Failed to run {type(self).__name__} since quantization parameters are not initialized. "
-                "Please initialize the quantization parameters using `compute_encodings()` or `set_range()`."
-            )
+            self._raise_uninitialized()
         return enc
 
-    def _prepare_input(self, x: torch.Tensor) -> torch.Tensor:
+    def _raise_uninitialized(self) -> None:
+        raise RuntimeError(
+            f"Failed to run {type(self).__name__} since quantization parameters are not initialized. "
+            "Please initialize the quantization parameters using `compute_encodings()` or `set_range()`."
+        )
+
+    def _prepare_input(self, x: torch.Tensor, *, check_layout: bool = True) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"input must be a tensor, got {type(x).__name__}")
         if isinstance(x, QuantizedTensor):
@@ -274,7 +298,8 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
             x = x.as_subclass(torch.Tensor)
         if not x.is_floating_point():
             raise TypeError(f"input must be a floating-point tensor, got dtype {x.dtype}")
-        resolve_layout(x.shape, self.shape, self.block_size)  # clear error before any work
+        if check_layout:
+            resolve_layout(x.shape, self.shape, self.block_size)  # clear error before any work
         return x
 
     def _qparams(self) -> "_QParams":
@@ -305,6 +330,8 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         return p
 
     def forward(self, input: torch.Tensor) -> QuantizedTensorBase:
+        if torch.compiler.is_compiling():
+            return self._traced_forward(input)
         x = input if type(input) is torch.Tensor and input.is_floating_point() else self._prepare_input(input)
         if self._calibrating:
             self._check_device(x)
@@ -313,6 +340,23 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
                 return self._wrap_output(self._kernel(x, enc.scale, enc.offset), enc)
         mn, mx, c, call = self._prepared_call(x)
         return self._wrap_output(range_affine(x, mn, mx, call), _LiveEncoding(self, c))
+
+    def _traced_forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``forward`` under torch.compile / torch.export: only static Python decisions; a plain tensor.
+
+        No layout check here (it would specialise symbolic shapes): the kernel checks at run time.
+        """
+        x = self._prepare_input(input, check_layout=False)
+        if self._calibrating:
+            if torch.compiler.is_exporting():
+                raise RuntimeError(f"{type(self).__name__}: compute_encodings() cannot run under torch.export; "
+                                   "calibrate the model eagerly, then export it")
+            return _eager_forward(self, x)  # a graph break: calibration statistics are gathered eagerly
+        if not self._is_ready:
+            self._raise_uninitialized()
+        mn, mx = self.min, self.max
+        scale = scale_from_range(mn, mx, self.grid)
+        return self._kernel(x, scale, offset_from_range(mn, scale, self.grid, self.symmetric))
 
     def _prepared_call(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _QParams, RangeCall]:
         """``(min, max, qparams, kernel call)`` for ``x`` outside calibration: the hot path.
@@ -399,6 +443,11 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         state["_plans"] = {}
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "_is_ready" not in self.__dict__:  # pickled before the flag existed
+            self._is_ready = bool(self._buffers["_initialized"])
+
 
 class Quantize(AffineQuantizerBase):
     r"""Quantize the input: ``out = clamp(round(input / scale) - offset, qmin, qmax)``.
@@ -454,6 +503,12 @@ class QuantizeDequantize(AffineQuantizerBase):
 
     def _wrap_output(self, y, enc):
         return DequantizedTensor._wrap(y, enc)
+
+
+@torch.compiler.disable
+def _eager_forward(quantizer: AffineQuantizerBase, x: torch.Tensor) -> QuantizedTensorBase:
+    """``quantizer.forward(x)`` run eagerly from inside a compiled region (calibration)."""
+    return quantizer.forward(x)
 
 
 def _global_forward_hooks_exist() -> bool:

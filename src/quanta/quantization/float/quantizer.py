@@ -49,6 +49,10 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
     Unlike AIMET, the input gradient is a real straight-through estimator for
     every format: 1 where ``|x / scale| <= max``, 0 where saturated.
 
+    Under ``torch.compile`` / ``torch.export`` the kernel is the custom op
+    ``quanta::float_quantize_dequantize`` and the result a plain tensor with the
+    same values; calibration runs eagerly only.
+
     >>> import quanta.quantization as Q
     >>> q = Q.float.FloatQuantizeDequantize(dtype=torch.float8_e4m3fn)
     >>> q
@@ -176,6 +180,13 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
         if x.device != self.maxval.device:
             raise ValueError(f"input is on {x.device} but the quantizer's maxval is on {self.maxval.device}; "
                              "move them to one device (quantizer.to(device))")
+        if torch.compiler.is_compiling():  # no layout check (it would specialise symbolic shapes); plain tensor
+            if self._calibrating:
+                if torch.compiler.is_exporting():
+                    raise RuntimeError(f"{type(self).__name__}: compute_encodings() cannot run under torch.export; "
+                                       "calibrate the model eagerly, then export it")
+                return _eager_forward(self, x)
+            return kernels.quantize_dequantize(x, self.get_scale(), self.format, self.block_size)
         resolve_layout(x.shape, self.shape, self.block_size)
         if self._calibrating:
             with self._batch_maxval(x):
@@ -200,6 +211,12 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
         if self.block_size is not None:
             head += f", block_size={self.block_size}"
         return head
+
+
+@torch.compiler.disable
+def _eager_forward(quantizer: FloatQuantizeDequantize, x: torch.Tensor) -> DequantizedTensor:
+    """``quantizer.forward(x)`` run eagerly from inside a compiled region (calibration)."""
+    return quantizer.forward(x)
 
 
 #: AIMET's alias (``Q.float.QuantizeDequantize``).
