@@ -41,7 +41,7 @@ from quanta.dtypes.tensor_impl import (
     PlainAQTTensorImpl,
     UintxAQTTensorImpl,
 )
-from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
+from quanta.encodings.torchao import MappingType, ZeroPointDomain
 
 __all__ = [
     "AffineQuantizedTensor",

@@ -33,8 +33,8 @@ import torch
 
 from quanta.dtypes.layouts import Float8Layout, FloatxTensorCoreLayout, Int4CPULayout, Layout, PlainLayout, UintxLayout
 from quanta.dtypes.tensor_impl import AQTTensorImpl, impl_class_for
-from quanta.quantization import quant_primitives as P
-from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
+from quanta.encodings import torchao as P
+from quanta.encodings.torchao import MappingType, ZeroPointDomain
 
 __all__ = [
     "AffineQuantizedTensor",

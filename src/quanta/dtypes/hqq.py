@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from quanta.quantization import quant_primitives as P
-from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
+from quanta.encodings import torchao as P
+from quanta.encodings.torchao import MappingType, ZeroPointDomain
 
 __all__ = ["choose_qparams_and_quantize_hqq"]
 

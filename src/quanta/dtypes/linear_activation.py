@@ -30,9 +30,9 @@ import torch
 from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
 from quanta.dtypes.layouts import PlainLayout
 from quanta.dtypes.ops import dispatch, swaps_2d
+from quanta.encodings.torchao import MappingType, ZeroPointDomain
 from quanta.kernels import int_linear, linear_ops
 from quanta.kernels.int_linear import int8_weight_col_sums
-from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
 
 __all__ = ["LinearActivationQuantizedTensor", "check_int8_dynamic_weight"]
 

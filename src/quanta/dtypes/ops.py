@@ -41,8 +41,8 @@ from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
 from quanta.dtypes.block_ops import num_blocks, reshape_block_size, slice_block
 from quanta.dtypes.layouts import FloatxTensorCoreLayout, PlainLayout
 from quanta.dtypes.tensor_impl import Int4CPUAQTTensorImpl, PlainAQTTensorImpl, impl_class_for
+from quanta.encodings.torchao import ZeroPointDomain
 from quanta.kernels import int_linear, linear_ops
-from quanta.quantization.quant_primitives import ZeroPointDomain
 
 __all__ = ["dispatch", "implements", "linear", "matmul", "swaps_2d"]
 

@@ -53,7 +53,7 @@ from quanta.dtypes.tensor_impl import (
     PlainAQTTensorImpl,
     UintxAQTTensorImpl,
 )
-from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain, _get_and_check_qmin_qmax
+from quanta.encodings.torchao import MappingType, ZeroPointDomain, _get_and_check_qmin_qmax
 
 __all__ = ["save_quantized", "load_quantized", "FORMAT_VERSION"]
 
