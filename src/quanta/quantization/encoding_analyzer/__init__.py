@@ -25,18 +25,16 @@ with ``encoding_analyzer=``; docs/calibration.md compares them.
 (tensor(-1.), tensor(3.))
 """
 
-from quanta.quantization.encoding_analyzer.base import (  # _check_shape: shared with the quantizer modules
+# The analyzers live in quanta.calibration, below both quantizer dialects (the TensorRT dialect's
+# AnalyzerCalibrator uses them too); this is AIMET's import path for them.
+from quanta.calibration.base import (  # _check_shape: shared with the quantizer modules
     EncodingAnalyzer,
     StatisticsNotFoundError,
     _check_shape,  # noqa: F401
 )
-from quanta.quantization.encoding_analyzer.histogram import HistogramEncodingAnalyzer, PercentileEncodingAnalyzer
-from quanta.quantization.encoding_analyzer.minmax import MinMaxEncodingAnalyzer, MinMaxStats
-from quanta.quantization.encoding_analyzer.search import (
-    EntropyEncodingAnalyzer,
-    MseEncodingAnalyzer,
-    SqnrEncodingAnalyzer,
-)
+from quanta.calibration.histogram import HistogramEncodingAnalyzer, PercentileEncodingAnalyzer
+from quanta.calibration.minmax import MinMaxEncodingAnalyzer, MinMaxStats
+from quanta.calibration.search import EntropyEncodingAnalyzer, MseEncodingAnalyzer, SqnrEncodingAnalyzer
 
 __all__ = [
     "EncodingAnalyzer",

@@ -4,7 +4,7 @@
 :class:`HistogramCalibrator` collects histograms of ``|x|`` and computes amax by
 entropy (KL divergence), MSE or percentile. Both work per tensor and per axis,
 on CPU. :class:`AnalyzerCalibrator` (a quanta extension) runs one of
-:mod:`quanta.quantization.encoding_analyzer`'s analyzers instead.
+:mod:`quanta.calibration`'s analyzers (AIMET's encoding analyzers) instead.
 """
 
 from quanta.tensor_quant.calib.analyzer import AnalyzerCalibrator

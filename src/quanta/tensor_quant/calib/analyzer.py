@@ -1,7 +1,7 @@
 """amax from quanta's encoding analyzers (a quanta extension of the TensorRT dialect).
 
 :class:`AnalyzerCalibrator` feeds every collected batch to one of
-:mod:`quanta.quantization.encoding_analyzer`'s histogram analyzers (percentile,
+:mod:`quanta.calibration`'s histogram analyzers (percentile,
 SQNR, MSE, entropy) with the amax shape as the analyzer's shape, so it works per
 tensor and per axis alike, and turns the analyzer's range into an amax:
 
@@ -29,14 +29,14 @@ from typing import Any
 
 import torch
 
-from quanta.kernels.amax_quant import is_fp8
-from quanta.quantization.encoding_analyzer import (
+from quanta.calibration import (
     EntropyEncodingAnalyzer,
     HistogramEncodingAnalyzer,
     MseEncodingAnalyzer,
     PercentileEncodingAnalyzer,
     SqnrEncodingAnalyzer,
 )
+from quanta.kernels.amax_quant import is_fp8
 from quanta.tensor_quant.calib.calibrator import Calibrator
 from quanta.tensor_quant.descriptor import CalibMethod
 
