@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture
 def fresh_fallback_warnings(monkeypatch):
     """Forget which fallback operations already warned, so a test sees the one-time warning."""
-    from quanta.dtypes import ops
+    from quanta.dtypes import affine_quantized_tensor
 
-    monkeypatch.setattr(ops, "_WARNED", set())
-    return ops._WARNED
+    monkeypatch.setattr(affine_quantized_tensor, "_WARNED", set())
+    return affine_quantized_tensor._WARNED

@@ -15,6 +15,7 @@ Importing this module registers the classes with ``torch.serialization``, so
 
 import torch
 
+from quanta.dtypes import ops  # noqa: F401  (fills AffineQuantizedTensor's operations table)
 from quanta.dtypes.affine_quantized_tensor import (
     AffineQuantizedTensor,
     to_affine_quantized_floatx,

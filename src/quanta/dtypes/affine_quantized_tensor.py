@@ -27,9 +27,11 @@ tensor([[  64, -127,   32,  127],
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple, Union
+import warnings
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.utils._pytree import tree_map
 
 from quanta.dtypes.layouts import Float8Layout, FloatxTensorCoreLayout, Int4CPULayout, Layout, PlainLayout, UintxLayout
 from quanta.dtypes.tensor_impl import AQTTensorImpl, impl_class_for
@@ -43,10 +45,73 @@ __all__ = [
     "to_affine_quantized_floatx",
     "to_affine_quantized_floatx_static",
     "to_affine_quantized_fpx",
+    "implements",
+    "implements_torch_function",
+    "dispatch",
 ]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+# --------------------------------------------------------------------------- operations table
+Handler = Callable[..., object]
+#: aten overload -> ``handler(func, args, kwargs)``, the ``__torch_dispatch__`` table; and torch function ->
+#: ``handler(*args, **kwargs)``, taken in ``__torch_function__`` before dispatch (``F.linear``'s fast path).
+#: :mod:`quanta.dtypes.ops` fills both (``quanta.dtypes`` imports it); a handler may return ``NotImplemented``,
+#: and the operation then runs on the dequantized tensor.
+_HANDLERS: dict[object, Handler] = {}
+_TORCH_FUNCTIONS: dict[object, Handler] = {}
+_WARNED: set[str] = set()
+
+
+def implements_torch_function(*funcs: object) -> Callable[[Handler], Handler]:
+    """Register ``fn(*args, **kwargs)`` for torch functions; it may return ``NotImplemented`` to go on to dispatch."""
+
+    def register(fn: Handler) -> Handler:
+        for f in funcs:
+            _TORCH_FUNCTIONS[f] = fn
+        return fn
+
+    return register
+
+
+def implements(*ops: object) -> Callable[[Handler], Handler]:
+    """Register ``fn(func, args, kwargs)`` for aten overloads; it may return ``NotImplemented`` to fall back."""
+
+    def register(fn: Handler) -> Handler:
+        for op in ops:
+            _HANDLERS[op] = fn
+        return fn
+
+    return register
+
+
+def dispatch(func, args, kwargs):
+    handler = _HANDLERS.get(func)
+    if handler is not None:
+        out = handler(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
+    return _fallback(func, args, kwargs, handled=handler is not None)
+
+
+def _fallback(func, args, kwargs, handled: bool = False):
+    if func._schema.is_mutable:
+        raise TypeError(f"{func} would modify an AffineQuantizedTensor in place; its codes are read-only "
+                        "(dequantize() it, or re-quantize the result)")
+    name = str(func)
+    if name not in _WARNED:
+        _WARNED.add(name)
+        why = ("cannot keep this AffineQuantizedTensor quantized (its layout or block structure does not survive "
+               "the operation)" if handled else "has no implementation for AffineQuantizedTensor")
+        warnings.warn(f"quanta: {name} {why}; it runs on the dequantized tensor (a float copy). This warning is "
+                      "shown once per operation.", stacklevel=3)
+
+    def plain(a):
+        return a.dequantize() if isinstance(a, AffineQuantizedTensor) else a
+
+    return func(*tree_map(plain, args), **tree_map(plain, kwargs))
 
 
 def _float_input(x: object) -> torch.Tensor:
@@ -156,12 +221,11 @@ class AffineQuantizedTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.nn.functional.linear:
+        handler = _TORCH_FUNCTIONS.get(func)
+        if handler is not None:
             # straight to the kernels: F.linear would otherwise reach dispatch as t() + mm, building a
             # transposed wrapper per call
-            from quanta.dtypes.ops import linear_function
-
-            out = linear_function(*args, **kwargs)
+            out = handler(*args, **kwargs)
             if out is not NotImplemented:
                 return out
         with torch._C.DisableTorchFunctionSubclass():
@@ -169,8 +233,6 @@ class AffineQuantizedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from quanta.dtypes.ops import dispatch
-
         return dispatch(func, args, kwargs or {})
 
     # -- basics -----------------------------------------------------------------------------

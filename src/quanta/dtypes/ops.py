@@ -30,14 +30,17 @@ True
 
 from __future__ import annotations
 
-import warnings
 import weakref
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
-from torch.utils._pytree import tree_map
 
-from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
+from quanta.dtypes.affine_quantized_tensor import (  # dispatch, implements: the table's public names here too
+    AffineQuantizedTensor,
+    dispatch,
+    implements,
+    implements_torch_function,
+)
 from quanta.dtypes.block_ops import num_blocks, reshape_block_size, slice_block
 from quanta.dtypes.layouts import FloatxTensorCoreLayout, PlainLayout
 from quanta.dtypes.tensor_impl import Int4CPUAQTTensorImpl, PlainAQTTensorImpl, impl_class_for
@@ -48,49 +51,8 @@ __all__ = ["dispatch", "implements", "linear", "matmul", "swaps_2d"]
 
 aten = torch.ops.aten
 AQT = AffineQuantizedTensor
-Handler = Callable[..., object]
-_HANDLERS: dict[object, Handler] = {}
-_WARNED: set[str] = set()
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # activations the fused CPU kernels take
 _TILE_ELEMENTS = 1 << 18  # float elements dequantized at once by the tiled matmul (1 MiB in fp32)
-
-
-def implements(*ops: object) -> Callable[[Handler], Handler]:
-    """Register ``fn(func, args, kwargs)`` for aten overloads; it may return ``NotImplemented`` to fall back."""
-
-    def register(fn: Handler) -> Handler:
-        for op in ops:
-            _HANDLERS[op] = fn
-        return fn
-
-    return register
-
-
-def dispatch(func, args, kwargs):
-    handler = _HANDLERS.get(func)
-    if handler is not None:
-        out = handler(func, args, kwargs)
-        if out is not NotImplemented:
-            return out
-    return _fallback(func, args, kwargs, handled=handler is not None)
-
-
-def _fallback(func, args, kwargs, handled: bool = False):
-    if func._schema.is_mutable:
-        raise TypeError(f"{func} would modify an AffineQuantizedTensor in place; its codes are read-only "
-                        "(dequantize() it, or re-quantize the result)")
-    name = str(func)
-    if name not in _WARNED:
-        _WARNED.add(name)
-        why = ("cannot keep this AffineQuantizedTensor quantized (its layout or block structure does not survive "
-               "the operation)" if handled else "has no implementation for AffineQuantizedTensor")
-        warnings.warn(f"quanta: {name} {why}; it runs on the dequantized tensor (a float copy). This warning is "
-                      "shown once per operation.", stacklevel=3)
-
-    def plain(a):
-        return a.dequantize() if isinstance(a, AQT) else a
-
-    return func(*tree_map(plain, args), **tree_map(plain, kwargs))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -166,6 +128,7 @@ def _int8_kernel_scale(w: AQT) -> Optional[torch.Tensor]:
     return hit[2]
 
 
+@implements_torch_function(torch.nn.functional.linear)
 def linear_function(input, weight, bias=None):
     """``F.linear`` with a quantized weight (and a plain input and bias), else ``NotImplemented``."""
     if (type(weight) is not AQT or isinstance(input, AQT) or isinstance(bias, AQT) or len(weight.shape) != 2
