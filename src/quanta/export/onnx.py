@@ -83,6 +83,7 @@ from torch import nn
 
 from quanta._text import shortlist as _shortlist
 from quanta._files import atomic_write
+from quanta.export.protocol import QuantizedModelLike
 from quanta.grids.affine import IntegerGrid
 from quanta.kernels import affine as affine_kernels
 from quanta.kernels import float_cast
@@ -399,7 +400,7 @@ _SLOT = re.compile(r"^(?:(?P<module>.*)\.)?(?P<kind>input_quantizers|output_quan
                    r"\.(?P<key>[^.]+)$")
 
 
-def _slots(sim: Any) -> dict[int, _Slot]:
+def _slots(sim: QuantizedModelLike) -> dict[int, _Slot]:
     model = sim.model
     modules = dict(model.named_modules())
     slots: dict[int, _Slot] = {}
@@ -525,7 +526,7 @@ def _output_names(out: Any) -> list[str]:
 
 # ---------------------------------------------------------------------- export
 def export_onnx(
-    sim: Any,
+    sim: QuantizedModelLike,
     path: str | os.PathLike,
     dummy_input: torch.Tensor | tuple[torch.Tensor, ...],
     *,
@@ -537,7 +538,8 @@ def export_onnx(
     """Write ``sim`` as an ONNX model with QuantizeLinear/DequantizeLinear nodes; return quantizer → tensor names.
 
     Args:
-        sim: a :class:`~quanta.quantsim.QuantizationSimModel` (calibrated, for ``qdq=True``).
+        sim: a :class:`~quanta.quantsim.QuantizationSimModel` (calibrated, for ``qdq=True``), or any
+            :class:`~quanta.export.protocol.QuantizedModelLike`.
         path: the ``.onnx`` file, written atomically (a failed export leaves an existing file intact).
         dummy_input: a tensor or tuple of tensors ``sim.model`` accepts, or a dict of its keyword inputs
             (the graph inputs are its tensors; other values, ``use_cache=False``, are fixed); the graph has
@@ -566,10 +568,9 @@ def export_onnx(
         NotImplementedError: a quantizer ONNX cannot express (named).
         ValueError: a bad ``opset``, or ``prequantize_weights`` without ``qdq``.
     """
-    from quanta.quantsim.quantsim import QuantizationSimModel
-
-    if not isinstance(sim, QuantizationSimModel):
-        raise TypeError(f"sim must be a quanta.quantsim.QuantizationSimModel, got {type(sim).__name__}")
+    if not isinstance(sim, QuantizedModelLike):
+        raise TypeError("sim must be a quanta.quantsim.QuantizationSimModel (or another QuantizedModelLike: model, "
+                        f"named_quantizers(), quantized_modules()), got {type(sim).__name__}")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     args, keywords = _check_inputs(dummy_input, sim.model)

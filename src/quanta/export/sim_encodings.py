@@ -41,6 +41,7 @@ from quanta.export.encodings import (
     read_encodings,
     write_encodings,
 )
+from quanta.export.protocol import QuantizedModelLike, SimulationLike
 from quanta.grids.float import FloatFormat
 from quanta.nn import QuantizationMixin
 from quanta.quantization.affine.quantizer import AffineQuantizerBase
@@ -67,7 +68,7 @@ class _Slot:
     where: str  # the quantizer's own name in sim.named_quantizers()
 
 
-def _slots(sim: Any) -> Iterator[_Slot]:
+def _slots(sim: QuantizedModelLike) -> Iterator[_Slot]:
     for name, module in sim.quantized_modules():
         if not isinstance(module, QuantizationMixin):  # pragma: no cover - quantized_modules() guarantees it
             continue
@@ -80,7 +81,7 @@ def _slots(sim: Any) -> Iterator[_Slot]:
             yield _Slot(f"{prefix}{pname}", q, True, f"{prefix}param_quantizers.{pname}")
 
 
-def tensor_names(sim: Any) -> dict[str, str]:
+def tensor_names(sim: QuantizedModelLike) -> dict[str, str]:
     """Tensor name → quantizer name (as in ``sim.named_quantizers()``) for every enabled quantizer.
 
     >>> import torch
@@ -92,7 +93,7 @@ def tensor_names(sim: Any) -> dict[str, str]:
     return {s.tensor: s.where for s in _slots(sim) if s.quantizer is not None}
 
 
-def sim_encodings(sim: Any) -> tuple[dict[str, Encoding], dict[str, Encoding]]:
+def sim_encodings(sim: QuantizedModelLike) -> tuple[dict[str, Encoding], dict[str, Encoding]]:
     """``(activations, params)``: the encoding of every initialised quantizer, by tensor name."""
     acts: dict[str, Encoding] = {}
     params: dict[str, Encoding] = {}
@@ -104,7 +105,7 @@ def sim_encodings(sim: Any) -> tuple[dict[str, Encoding], dict[str, Encoding]]:
     return acts, params
 
 
-def _quantizer_args(sim: Any, params: Mapping[str, Encoding], version: EncodingsVersion) -> dict[str, Any]:
+def _quantizer_args(sim: SimulationLike, params: Mapping[str, Encoding], version: EncodingsVersion) -> dict[str, Any]:
     affine = [q for s in _slots(sim) if s.is_param and isinstance(q := s.quantizer, AffineQuantizerBase)]
     symmetric = bool(affine) and all(q.symmetric for q in affine)
     per_channel = any(enc.scale.numel() > 1 for enc in params.values())
@@ -120,7 +121,7 @@ def _quantizer_args(sim: Any, params: Mapping[str, Encoding], version: Encodings
     return args
 
 
-def export_encodings(sim: Any, path: str | os.PathLike,
+def export_encodings(sim: SimulationLike, path: str | os.PathLike,
                      version: EncodingsVersion | str = EncodingsVersion.V1_0_0, *,
                      tensors: Collection[str] | None = None) -> None:
     """Write the encodings of every initialised quantizer of ``sim`` to ``path`` (atomically).
@@ -143,7 +144,7 @@ def export_encodings(sim: Any, path: str | os.PathLike,
                  if isinstance(s.quantizer, AffineQuantizerBase)}
     kwargs: dict[str, Any] = {"symmetric": symmetric}
     if version is not EncodingsVersion.V2_0_0:
-        kwargs["excluded_layers"] = list(getattr(sim, "unquantized_modules", []))
+        kwargs["excluded_layers"] = list(sim.unquantized_modules)
         kwargs["quantizer_args"] = _quantizer_args(sim, params, version)
     write_encodings(path, acts, params, version, **kwargs)
 
@@ -195,7 +196,7 @@ def _resolve(slot: _Slot, fe: FileEncoding) -> _Pending:
 
 
 def apply_encodings(
-    sim: Any,
+    sim: QuantizedModelLike,
     source: str | os.PathLike | Mapping[str, Any] | EncodingsFile,
     *,
     strict: bool = True,

@@ -28,15 +28,18 @@ True
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from quanta.quantsim.quantsim import QuantizationSimModel
+from quanta._inputs import call_model
+from quanta.export.protocol import QuantizedModelLike
+from quanta.nn.base import QuantizationMixin, eval_mode, quantizers_off
+from quanta.quantsim.config import op_types_of
 
 __all__ = ["LayerSQNR", "LayerSQNRReport", "layer_sqnr"]
 
@@ -128,6 +131,11 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return []
 
 
+def _quantizers_disabled(module: nn.Module) -> AbstractContextManager[None]:
+    """Every quantizer slot of ``module``'s quantized modules (nested ones too) is None inside the block."""
+    return quantizers_off(m for m in module.modules() if isinstance(m, QuantizationMixin))
+
+
 @dataclass
 class _State:
     ref: dict[str, list[list[torch.Tensor]]] = field(default_factory=dict)
@@ -138,14 +146,10 @@ class _State:
     inner: bool = False
 
 
-def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNRReport:
-    """Build a :class:`LayerSQNRReport` for ``sim`` on ``batches`` (inputs, tuples of inputs, or dicts of
+def layer_sqnr(sim: QuantizedModelLike, batches: Iterable[Any]) -> LayerSQNRReport:
+    """Build a :class:`LayerSQNRReport` for ``sim`` (a :class:`~quanta.quantsim.QuantizationSimModel`, or any
+    :class:`~quanta.export.protocol.QuantizedModelLike`) on ``batches`` (inputs, tuples of inputs, or dicts of
     keyword inputs)."""
-    from quanta.nn import QuantizationMixin
-    from quanta.nn.base import quantizers_off
-    from quanta.quantsim.config import op_types_of
-    from quanta.quantsim.quantsim import _call, _eval_no_grad
-
     # modules whose quantizers are all off (e.g. BatchNorm inside a Conv-BN-ReLU supergroup) add no error: no row
     modules = [(name, m) for name, m in sim.quantized_modules() if next(iter(m._quantizers()), None) is not None]
     state = _State()
@@ -169,7 +173,7 @@ def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNR
                 acc.add(r, o)
             state.inner = True
             try:  # the same module in float, nested quantized modules (MHA out_proj) too
-                with quantizers_off(m for m in mod.modules() if isinstance(m, QuantizationMixin)):
+                with _quantizers_disabled(mod):
                     plain = _tensors(mod(*args, **kwargs))
             finally:
                 state.inner = False
@@ -181,15 +185,15 @@ def layer_sqnr(sim: "QuantizationSimModel", batches: Iterable[Any]) -> LayerSQNR
     handles = [m.register_forward_hook(hook(name, m), with_kwargs=True) for name, m in modules]
     out_acc = _Acc()
     try:
-        with _eval_no_grad(sim.model):
+        with eval_mode(sim.model), torch.no_grad():
             for batch in batches:
                 state.ref.clear()
                 state.calls.clear()
                 state.recording = True
-                with sim.quantizers_disabled():
-                    ref_out = _tensors(_call(sim.model, batch))
+                with _quantizers_disabled(sim.model):
+                    ref_out = _tensors(call_model(sim.model, batch))
                 state.recording = False
-                q_out = _tensors(_call(sim.model, batch))
+                q_out = _tensors(call_model(sim.model, batch))
                 for r, o in zip(ref_out, q_out):
                     out_acc.add(r, o)
     finally:
