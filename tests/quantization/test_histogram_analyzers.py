@@ -247,6 +247,22 @@ def test_robust_inputs_never_give_non_finite_ranges(cls, kw):
 
 
 @pytest.mark.parametrize("cls, kw", ALL_ANALYZERS, ids=IDS)
+def test_values_at_the_float32_limits_give_finite_ranges(cls, kw):
+    # an additive attention mask (finfo.min where masked) reaches an activation quantizer
+    big = torch.finfo(torch.float32).max
+    x = torch.randn(3, 200, generator=torch.Generator().manual_seed(6))
+    x[0, :20] = -big
+    x[1, :20], x[1, 20:40] = -big, big
+    x[2, :20] = big
+    a = cls((3, 1), **kw)
+    a.update_stats(x)
+    for num_steps, symmetric in ((255, False), (255, True), (15, False)):
+        lo, hi = a.compute_encodings(num_steps, symmetric)
+        assert torch.isfinite(lo).all() and torch.isfinite(hi).all(), (num_steps, symmetric, lo, hi)
+        assert (lo <= 0).all() and (hi >= 0).all() and (hi - lo > 0).all()
+
+
+@pytest.mark.parametrize("cls, kw", ALL_ANALYZERS, ids=IDS)
 def test_no_statistics_and_reset(cls, kw):
     a = cls((), **kw)
     with pytest.raises(StatisticsNotFoundError, match="compute_encodings"):

@@ -45,7 +45,9 @@ class SqnrEncodingAnalyzer(HistogramEncodingAnalyzer):
     (:func:`~quanta.kernels.histogram_search.squared_error`; higher ``gamma``
     clips less). The first candidate of least noise wins, and the range is
     ``min = o * delta``, ``max = min + N * delta``. A histogram without a non-zero
-    value gets the MinMax range of zero.
+    value gets the MinMax range of zero; one whose candidates cannot be ranked in
+    float32 (values near the float32 limits, such as an additive attention mask's
+    ``finfo.min``) gets its MinMax range.
 
     Args:
         shape: shape of the statistics (the quantizer's ``shape``).
@@ -92,11 +94,18 @@ class SqnrEncodingAnalyzer(HistogramEncodingAnalyzer):
         deltas, offsets = self.candidates(stats, num_steps, is_symmetric)
         noise = hs.squared_error(stats, deltas, offsets, IntegerGrid(0, num_steps), gamma=self.gamma,
                                  max_rows=self.max_parallelism)
+        # NaN (an empty bin times an overflowed square) ranks last; argmin would take it first
+        noise = torch.nan_to_num(noise, nan=float("inf"))
         best = torch.argmin(noise, dim=1)[:, None]  # the first of equals, as AIMET
         delta, offset = deltas.gather(1, best).squeeze(1), offsets.gather(1, best).squeeze(1)
         lo = offset * delta
         hi = lo + num_steps * delta
-        _, _, has_width = self._observed(stats)
+        o_lo, o_hi, has_width = self._observed(stats)
+        # values near the float32 limits (an additive attention mask's finfo.min) overflow the float32 noise or
+        # the candidates themselves: no candidate can be ranked, and the observed (MinMax) range is taken
+        ranked = torch.isfinite(noise.gather(1, best).squeeze(1)) & torch.isfinite(lo) & torch.isfinite(hi)
+        m_lo, m_hi = calibrated_range(o_lo, o_hi, num_steps, is_symmetric)
+        lo, hi = torch.where(ranked, lo, m_lo), torch.where(ranked, hi, m_hi)
         zero = torch.zeros_like(lo)
         z_lo, z_hi = calibrated_range(zero, zero, num_steps, is_symmetric)
         return self._shaped(torch.where(has_width, lo, z_lo), torch.where(has_width, hi, z_hi))
