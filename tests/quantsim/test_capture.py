@@ -296,3 +296,116 @@ def test_layer_sqnr_takes_keyword_batches():
     report = sim.layer_sqnr([_tokens(2, 8, seed=5)])
     assert report.output_sqnr_db > 25
     assert any(row.name == "encoder.layer.0.attention.self.softmax" for row in report.layers)
+
+
+class _Arithmetic(nn.Module):
+    """Division by a tensor scale (DeBERTa), subtraction, bilinear and nearest resizing (MobileViT)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        scale = torch.sqrt(torch.tensor(y.shape[1], dtype=torch.float))
+        z = y / scale - torch.sigmoid(y)
+        up = nn.functional.interpolate(z, scale_factor=2.0, mode="bilinear", align_corners=False)
+        return up + nn.functional.interpolate(y, size=(8, 8), mode="nearest")
+
+
+def test_division_subtraction_and_interpolation_are_quantized():
+    torch.manual_seed(0)
+    model = _Arithmetic().eval()
+    sim = _quiet_sim(model, torch.randn(2, 3, 4, 4))
+    assert sim.capture_method == "export" and sim.float_ops == [] and sim.unquantized_modules == []
+    kinds = {type(m).__name__ for _, m in sim.named_qmodules()}
+    assert {"QuantizedDivide", "QuantizedSubtract", "QuantizedInterpolate"} <= kinds
+    interp = next(m for _, m in sim.named_qmodules() if isinstance(m, quanta.nn.QuantizedInterpolate))
+    assert (interp.mode, interp.scale_factor, interp.align_corners) == ("bilinear", (2.0, 2.0), False)
+    x = torch.randn(3, 3, 4, 4)
+    with sim.quantizers_disabled(), torch.no_grad():
+        torch.testing.assert_close(sim.model(x), model(x), rtol=0, atol=0)
+    sim.compute_encodings([torch.randn(3, 3, 4, 4) for _ in range(2)], progress=False)
+    with torch.no_grad():
+        assert _sqnr(model(x), sim.model(x)) > 30
+
+
+class _QuickGELUActivation(nn.Module):  # transformers' QuickGELUActivation (CLIP)
+    def forward(self, x):
+        return x * torch.sigmoid(1.702 * x)
+
+
+class _GemmaRMSNorm(nn.Module):  # transformers' GemmaRMSNorm: scaled by (1 + weight)
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        h = x.float()
+        out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+class _SamePad(nn.Module):  # wav2vec2's Wav2Vec2SamePadLayer: only slices
+    def forward(self, x):
+        return x[:, :, :-1]
+
+
+class _Written(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = _GemmaRMSNorm(8)
+        self.fc = nn.Linear(8, 8)
+        self.act = _QuickGELUActivation()
+        self.conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(8, 8, 4, padding=2), name="weight", dim=2)
+        self.pad = _SamePad()
+
+    def forward(self, x):
+        h = self.act(self.fc(self.norm(x)))
+        return self.pad(self.conv(h.transpose(1, 2))).transpose(1, 2)
+
+
+def test_gemma_norm_quick_gelu_weight_norm_and_slicing_modules_are_captured():
+    torch.manual_seed(0)
+    model = _Written().eval()
+    with torch.no_grad():
+        model.norm.weight.normal_(0, 0.3)
+    sim = _quiet_sim(model, torch.randn(2, 6, 8))
+    assert sim.float_ops == [] and sim.unquantized_modules == []
+    norm, act, conv = (sim.model.get_submodule(n) for n in ("norm", "act", "conv"))
+    assert type(norm) is quanta.nn.QuantizedOffsetRMSNorm and norm.weight is not model.norm.weight  # a copy
+    assert norm.output_quantizers[0].bitwidth == 16  # an RMSNormalization, as the default config says
+    assert type(act) is quanta.nn.QuantizedQuickGELU
+    assert isinstance(conv, quanta.nn.QuantizedConv1d) and "weight" in conv.param_quantizers
+    assert set(dict(conv.named_parameters())) >= {"parametrizations.weight.original0",
+                                                  "parametrizations.weight.original1"}
+    x = torch.randn(3, 5, 8)
+    with sim.quantizers_disabled(), torch.no_grad():
+        torch.testing.assert_close(sim.model(x), model(x), rtol=0, atol=0)
+    sim.compute_encodings([torch.randn(3, 5, 8) for _ in range(2)], progress=False)
+    with torch.no_grad():
+        assert _sqnr(model(x), sim.model(x)) > 25  # 7 quantizers on 8 channels
+    float_conv = conv.to_float_module()  # weight norm kept: the same parametrization, the same values
+    assert nn.utils.parametrize.is_parametrized(float_conv, "weight")
+    torch.testing.assert_close(float_conv.weight, model.conv.weight)
+
+
+class _InPlaceAfterLinear(nn.Module):
+    """Falcon's parallel attention: `mlp_output += attention_output` changes a Linear's output in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        out = self.a(x)
+        out += self.b(x)
+        return out
+
+
+def test_module_output_changed_in_place_later_is_still_lifted():
+    sim = _quiet_sim(_InPlaceAfterLinear(), torch.randn(2, 8))
+    assert sim.unquantized_modules == [] and sim.float_ops == []
+    assert isinstance(sim.model.get_submodule("a"), quanta.nn.QuantizedLinear)

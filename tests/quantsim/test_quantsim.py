@@ -312,9 +312,8 @@ def test_default_layout_small_cnn():
 
 
 def test_default_layout_transformer_block():
-    with pytest.warns(UserWarning, match=r"\bdiv\b"):
-        sim = QuantizationSimModel(TransformerBlock(), randn(2, 4, 32))
-    assert sim.float_ops == ["div"]
+    sim = sim_of(TransformerBlock(), randn(2, 4, 32))
+    assert sim.float_ops == [] and sim.unquantized_modules == []
     layout = _layout(sim)
     for name in ("qkv", "proj", "fc1", "fc2"):
         out = sub(sim, name).out_features
@@ -322,7 +321,7 @@ def test_default_layout_transformer_block():
     for name in ("ln1", "ln2"):
         assert layout[f"{name}.param_quantizers.weight"] == ((), *W8)  # norm weight per tensor
         assert sub(sim, name).param_quantizers["bias"] is None
-    for name in ("qkv", "matmul", "softmax", "matmul_1", "fc1", "act"):
+    for name in ("qkv", "matmul", "div", "softmax", "matmul_1", "fc1", "act"):
         assert layout[f"{name}.output_quantizers.0"] == A8, name  # no supergroup here
     for name in ("ln1", "ln2"):
         assert layout[f"{name}.output_quantizers.0"] == A16, name  # norms at 16 bits
@@ -337,10 +336,9 @@ def test_default_layout_transformer_block():
 
 
 def test_integer_only_quantizes_the_residual_adds_too():
-    with pytest.warns(UserWarning, match=r"\bdiv\b"):
-        sim = QuantizationSimModel(TransformerBlock(), randn(2, 4, 32), config_file=quanta.quantsim.INTEGER_ONLY)
+    sim = sim_of(TransformerBlock(), randn(2, 4, 32), config_file=quanta.quantsim.INTEGER_ONLY)
     layout = _layout(sim)
-    for name in ("qkv", "matmul", "softmax", "matmul_1", "proj", "add", "fc1", "act", "fc2", "add_1"):
+    for name in ("qkv", "matmul", "div", "softmax", "matmul_1", "proj", "add", "fc1", "act", "fc2", "add_1"):
         assert layout[f"{name}.output_quantizers.0"] == A8, name
     for name in ("ln1", "ln2"):
         assert layout[f"{name}.output_quantizers.0"] == A16, name
@@ -545,8 +543,7 @@ def test_per_type_bitwidth_override():
 
 def test_per_name_glob_disables_output_quantizer():
     cfg = with_defaults(module_name={"fc*": {"is_output_quantized": False}})
-    with pytest.warns(UserWarning, match=r"\bdiv\b"):
-        sim = QuantizationSimModel(TransformerBlock(), randn(2, 4, 32), config_file=cfg)
+    sim = sim_of(TransformerBlock(), randn(2, 4, 32), config_file=cfg)
     assert sub(sim, "fc1").output_quantizers[0] is None and sub(sim, "fc2").output_quantizers[0] is None
     assert sub(sim, "fc1").param_quantizers["weight"] is not None
     for name in ("qkv", "matmul", "act"):

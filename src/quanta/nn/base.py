@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.tensors.quantized import DequantizedTensor
@@ -53,6 +54,40 @@ def _float_base(cls: type) -> type:
         if issubclass(c, nn.Module) and not issubclass(c, QuantizationMixin):
             return c
     raise TypeError(f"{cls.__name__} must also subclass a torch.nn.Module")  # pragma: no cover
+
+
+def _parametrized_names(module: nn.Module) -> list[str]:
+    """Names of ``module``'s tensors computed by ``torch.nn.utils.parametrize`` (``weight_norm``'s ``weight``)."""
+    return list(module.parametrizations) if parametrize.is_parametrized(module) else []
+
+
+_PARAMETRIZED_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _parametrized_class(qcls: type, float_cls: type) -> type:
+    """``qcls`` with the properties torch's parametrization gave ``float_cls`` (``ParametrizedConv1d``): the
+    quantized module computes its parametrized tensors from the same ``parametrizations``."""
+    key = (qcls, float_cls)
+    if key not in _PARAMETRIZED_CLASSES:
+        injected = {k: v for k, v in vars(float_cls).items()
+                    if k not in ("__module__", "__qualname__", "__doc__", "__dict__", "__weakref__")}
+        _PARAMETRIZED_CLASSES[key] = type(f"Parametrized{qcls.__name__}", (qcls,), injected)
+    return _PARAMETRIZED_CLASSES[key]
+
+
+def assign_parameter(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Give ``module``'s parameter ``name`` the values ``value``, in place; a parametrized tensor (weight norm)
+    through its parametrization's ``right_inverse``. Raises ValueError when the parametrization cannot take a
+    value back (it has no ``right_inverse``)."""
+    with torch.no_grad():
+        if name in _parametrized_names(module):
+            try:
+                setattr(module, name, value.detach().clone())  # parametrize: right_inverse sets the originals
+            except NotImplementedError:
+                raise ValueError(f"{type(module).__name__}.{name} is computed by a parametrization without "
+                                 "right_inverse; its values cannot be set") from None
+        else:
+            getattr(module, name).copy_(value)
 
 
 def qdq(quantizer: nn.Module | None, x: Any) -> Any:
@@ -166,7 +201,9 @@ class QuantizationMixin:
         self.input_quantizers = nn.ModuleList([None] * self.num_inputs)
         self.output_quantizers = nn.ModuleList([default_activation_quantizer() for _ in range(self.num_outputs)])
         params: dict[str, nn.Module | None] = {}
-        for name, p in self.named_parameters(recurse=False):  # type: ignore[attr-defined]
+        named = [*self.named_parameters(recurse=False),  # type: ignore[attr-defined]
+                 *((n, getattr(self, n)) for n in _parametrized_names(self))]  # weight norm's computed weight
+        for name, p in named:
             params[name] = default_weight_quantizer(p, self._weight_axis()) if name == "weight" else None
         self.param_quantizers = nn.ModuleDict(params)
 
@@ -180,9 +217,9 @@ class QuantizationMixin:
         >>> type(back).__name__, back.weight is lin.weight
         ('Linear', True)
         """
-        base = _float_base(type(self))
+        base = self.__dict__.get("_parametrized_float_class") or _float_base(type(self))
         module = base.__new__(base)
-        skip = {"_qparam_cache", "plain_outputs"}
+        skip = {"_qparam_cache", "plain_outputs", "_parametrized_float_class"}
         module.__dict__.update({k: (v.copy() if isinstance(v, (dict, set)) else v)
                                 for k, v in self.__dict__.items() if k not in skip})
         for name in ("input_quantizers", "output_quantizers", "param_quantizers"):
@@ -210,11 +247,15 @@ class QuantizationMixin:
                 f"{cls.__name__}.from_module() needs a {base.__module__}.{base.__qualname__}, "
                 f"got {type(module).__module__}.{type(module).__qualname__}"
             )
-        qmodule = cls.__new__(cls)
+        parametrized = bool(_parametrized_names(module))
+        qcls = _parametrized_class(cls, type(module)) if parametrized else cls
+        qmodule = qcls.__new__(qcls)
         # Shallow copy: same Parameter/buffer objects, own dicts so adding quantizers leaves `module` alone.
         qmodule.__dict__.update(
             {k: (v.copy() if isinstance(v, (dict, set)) else v) for k, v in module.__dict__.items()}
         )
+        if parametrized:
+            qmodule._parametrized_float_class = type(module)
         qmodule._init_quantizers()
         device = next((t.device for t in module.parameters(recurse=False)), None)
         if device is not None:

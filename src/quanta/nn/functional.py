@@ -9,9 +9,11 @@ tensor([[0., 0., 1.]])
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Add", "ChannelsFirstLayerNorm", "Concat", "MatMul", "Mean", "Multiply", "TransposedLinear"]
+__all__ = ["Add", "ChannelsFirstLayerNorm", "Concat", "Divide", "Interpolate", "MatMul", "Mean", "Multiply",
+           "OffsetRMSNorm", "QuickGELU", "Subtract", "TransposedLinear"]
 
 
 class Add(nn.Module):
@@ -21,11 +23,73 @@ class Add(nn.Module):
         return x + y
 
 
+class Subtract(nn.Module):
+    """``x - y``."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | float) -> torch.Tensor:
+        return x - y
+
+
 class Multiply(nn.Module):
     """``x * y``."""
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | float) -> torch.Tensor:
         return x * y
+
+
+class Divide(nn.Module):
+    """``x / y`` (true division).
+
+    >>> Divide()(torch.tensor([3.0]), 2.0)
+    tensor([1.5000])
+    """
+
+    def forward(self, x: torch.Tensor | float, y: torch.Tensor | float) -> torch.Tensor:
+        return torch.div(x, y)
+
+
+class Interpolate(nn.Module):
+    """``F.interpolate(x, size, scale_factor, mode, align_corners)`` for the modes that compute new values
+    (``linear``, ``bilinear``, ``bicubic``, ``trilinear``); nearest-neighbour resizing only copies values and
+    needs no module.
+
+    >>> Interpolate(size=(2, 2), mode="bilinear")(torch.arange(16.0).reshape(1, 1, 4, 4))
+    tensor([[[[ 2.5000,  4.5000],
+              [10.5000, 12.5000]]]])
+    """
+
+    MODES = ("linear", "bilinear", "bicubic", "trilinear")
+
+    def __init__(self, size: int | tuple[int, ...] | None = None, scale_factor: float | tuple[float, ...] | None = None,
+                 mode: str = "bilinear", align_corners: bool | None = None) -> None:
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {', '.join(self.MODES)}, got {mode!r}")
+        if (size is None) == (scale_factor is None):
+            raise ValueError("give exactly one of size and scale_factor")
+        self.size = size
+        self.scale_factor = scale_factor
+        self.mode = mode
+        self.align_corners = align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, size=self.size, scale_factor=self.scale_factor, mode=self.mode,
+                             align_corners=self.align_corners)
+
+    def extra_repr(self) -> str:
+        what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
+        return f"{what}, mode={self.mode!r}, align_corners={self.align_corners}"
+
+
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 * x)``: the GELU approximation of CLIP (transformers' ``QuickGELUActivation``).
+
+    >>> QuickGELU()(torch.tensor([0.0, 1.0]))
+    tensor([0.0000, 0.8458])
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
 
 
 class MatMul(nn.Module):
@@ -107,6 +171,40 @@ class ChannelsFirstLayerNorm(nn.LayerNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return _channels_first(super().forward(_channels_last(input)))
+
+
+class OffsetRMSNorm(nn.RMSNorm):
+    """RMSNorm scaled by ``offset + weight`` (Gemma's RMSNorm: ``offset = 1``, ``weight`` starts at zero),
+    computed as transformers does: ``(x / rms(x)) * (offset + weight)`` in float32, then cast back.
+
+    >>> norm = OffsetRMSNorm(2, eps=0.0)
+    >>> norm(torch.tensor([[3.0, 4.0]]))
+    tensor([[0.8485, 1.1314]], grad_fn=<MulBackward0>)
+    """
+
+    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float | None = None,
+                 elementwise_affine: bool = True, offset: float = 1.0, device=None, dtype=None) -> None:
+        self.offset = float(offset)
+        super().__init__(normalized_shape, eps, elementwise_affine, device=device, dtype=dtype)
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.zeros_(self.weight)  # the neutral scale is offset + 0
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return offset_rms_norm(input, self.normalized_shape, self.weight, self.eps, self.offset)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, offset={self.offset:g}"
+
+
+def offset_rms_norm(x: torch.Tensor, normalized_shape: tuple[int, ...], weight: torch.Tensor | None,
+                    eps: float | None, offset: float) -> torch.Tensor:
+    """``(x / sqrt(mean(x**2) + eps)) * (offset + weight)`` in float32, cast back to ``x.dtype``."""
+    h = x.float()
+    dims = tuple(range(-len(normalized_shape), 0))
+    y = h * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + (torch.finfo(x.dtype).eps if eps is None else eps))
+    return (y if weight is None else y * (offset + weight.float())).to(x.dtype)
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:

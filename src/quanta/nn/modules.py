@@ -29,12 +29,18 @@ from quanta.nn.functional import (
     Add,
     ChannelsFirstLayerNorm,
     Concat,
+    Divide,
+    Interpolate,
     MatMul,
     Mean,
     Multiply,
+    OffsetRMSNorm,
+    QuickGELU,
+    Subtract,
     TransposedLinear,
     _channels_first,
     _channels_last,
+    offset_rms_norm,
 )
 from quanta.quantization.affine import QuantizeDequantize
 
@@ -55,6 +61,7 @@ __all__ = [
     "QuantizedConv3d",
     "QuantizedConvTranspose1d",
     "QuantizedConvTranspose2d",
+    "QuantizedDivide",
     "QuantizedELU",
     "QuantizedEmbedding",
     "QuantizedGELU",
@@ -62,6 +69,7 @@ __all__ = [
     "QuantizedHardsigmoid",
     "QuantizedHardswish",
     "QuantizedHardtanh",
+    "QuantizedInterpolate",
     "QuantizedLayerNorm",
     "QuantizedLeakyReLU",
     "QuantizedLinear",
@@ -69,12 +77,15 @@ __all__ = [
     "QuantizedMean",
     "QuantizedMish",
     "QuantizedMultiply",
+    "QuantizedOffsetRMSNorm",
+    "QuantizedQuickGELU",
     "QuantizedReLU",
     "QuantizedReLU6",
     "QuantizedRMSNorm",
     "QuantizedSiLU",
     "QuantizedSigmoid",
     "QuantizedSoftmax",
+    "QuantizedSubtract",
     "QuantizedTanh",
     "QuantizedTransposedLinear",
 ]
@@ -232,6 +243,22 @@ class QuantizedRMSNorm(_QuantizedNorm, nn.RMSNorm):
         y = (h * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)).to(x.dtype)
         w = self._qparam("weight")
         return self._qoutput(y if w is None else w * y, owned=True)
+
+
+class QuantizedOffsetRMSNorm(QuantizedRMSNorm, OffsetRMSNorm):
+    """Quantized :class:`~quanta.nn.OffsetRMSNorm` (Gemma's RMSNorm): the parameter ``weight`` is quantized
+    (as every parameter, by its own name), and the norm scales by ``offset + QDQ(weight)``.
+
+    >>> import quanta.nn
+    >>> norm = quanta.nn.QuantizedOffsetRMSNorm(4)
+    >>> norm.offset, norm.param_quantizers["weight"] is not None
+    (1.0, True)
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        y = offset_rms_norm(self._qinput(0, input), self.normalized_shape, self._qparam("weight"), self.eps,
+                            self.offset)
+        return self._qoutput(y, owned=True)
 
 
 class _QuantizedBatchNorm(QuantizationMixin):
@@ -397,10 +424,38 @@ class QuantizedAdd(_QuantizedElementwise, Add):
     num_inputs = 2
 
 
+class QuantizedSubtract(_QuantizedElementwise, Subtract):
+    """Quantized :class:`~quanta.nn.Subtract`: two input slots (off by default), output on."""
+
+    num_inputs = 2
+
+
 class QuantizedMultiply(_QuantizedElementwise, Multiply):
     """Quantized :class:`~quanta.nn.Multiply`: two input slots."""
 
     num_inputs = 2
+
+
+class QuantizedDivide(_QuantizedElementwise, Divide):
+    """Quantized :class:`~quanta.nn.Divide`: two input slots (off by default), output on.
+
+    >>> import quanta.nn
+    >>> div = quanta.nn.QuantizedDivide()
+    >>> div.output_quantizers[0].set_range(0.0, 2.55)
+    >>> div(torch.tensor([1.0]), torch.tensor([3.0]))
+    DequantizedTensor([0.3300], grad_fn=<AliasBackward0>)
+    """
+
+    num_inputs = 2
+
+
+class QuantizedInterpolate(_QuantizedElementwise, Interpolate):
+    """Quantized :class:`~quanta.nn.Interpolate` (bilinear and the other value-computing modes): output
+    quantized."""
+
+
+class QuantizedQuickGELU(_QuantizedElementwise, QuickGELU):
+    """Quantized :class:`~quanta.nn.QuickGELU`: one quantizer on the activation's output (as for GELU)."""
 
 
 class QuantizedMatMul(_QuantizedElementwise, MatMul):
@@ -457,6 +512,11 @@ BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
     nn.AdaptiveAvgPool3d: QuantizedAdaptiveAvgPool3d,
     Add: QuantizedAdd,
     Multiply: QuantizedMultiply,
+    Subtract: QuantizedSubtract,
+    Divide: QuantizedDivide,
+    Interpolate: QuantizedInterpolate,
+    QuickGELU: QuantizedQuickGELU,
+    OffsetRMSNorm: QuantizedOffsetRMSNorm,
     MatMul: QuantizedMatMul,
     Concat: QuantizedConcat,
     Mean: QuantizedMean,

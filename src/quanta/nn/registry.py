@@ -28,6 +28,7 @@ Adding a type takes a few lines:
 from __future__ import annotations
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from quanta.nn.attention import QuantizedMultiheadAttention
 from quanta.nn.base import QuantizationMixin
@@ -81,6 +82,8 @@ def quantized_class_for(module: nn.Module | type[nn.Module]) -> type[nn.Module] 
     True
     """
     cls = module if isinstance(module, type) else type(module)
+    if not isinstance(module, type) and parametrize.is_parametrized(module):
+        cls = cls.__mro__[1]  # torch's ParametrizedConv1d (weight norm) quantizes as the Conv1d it extends
     return _USER.get(cls) or BUILTIN.get(cls) or _BUILTIN_EXTRA.get(cls)
 
 

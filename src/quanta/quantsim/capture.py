@@ -48,7 +48,7 @@ import torch
 from torch import fx, nn
 
 from quanta.nn.base import eval_mode
-from quanta.nn.functional import ChannelsFirstLayerNorm, TransposedLinear
+from quanta.nn.functional import ChannelsFirstLayerNorm, OffsetRMSNorm, QuickGELU, TransposedLinear
 from quanta.nn.registry import quantized_class_for
 from quanta.quantsim.rebuild import rebuild
 from quanta.quantsim.preparer import (
@@ -178,7 +178,11 @@ def _stack_key(node: fx.Node) -> tuple[str, str] | None:
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return None
-    key, (path, _) = list(stack.items())[-1]
+    # a parametrization (weight norm's) computes a tensor of the module that owns it: the owner made the op
+    entries = [(k, p) for k, (p, _) in stack.items() if not (isinstance(p, str) and ".parametrizations." in p)]
+    if not entries:
+        return None
+    key, path = entries[-1]
     if not isinstance(path, str) or not path or key.startswith("_empty_nn_module_stack"):
         return None
     return key, path
@@ -209,11 +213,13 @@ def _equivalents(module: nn.Module) -> list[nn.Module]:
     """Modules quanta quantizes that may compute what ``module`` (a leaf of a type quanta does not know)
     computes, sharing its parameters; the caller checks which, if any, gives the same values:
 
-    * a hand-written RMSNorm (one 1-D ``weight``, an ``eps``/``variance_epsilon`` attribute): ``nn.RMSNorm``;
+    * a hand-written RMSNorm (one 1-D ``weight``, an ``eps``/``variance_epsilon`` attribute): ``nn.RMSNorm``,
+      or :class:`quanta.nn.OffsetRMSNorm` for Gemma's (scaled by ``1 + weight``);
     * GPT-2's ``Conv1D`` (``weight`` ``(in, out)``, ``bias`` ``(out,)``): :class:`quanta.nn.TransposedLinear`;
     * a LayerNorm subclass with a forward of its own (ConvNeXt's): ``nn.LayerNorm`` or
       :class:`quanta.nn.ChannelsFirstLayerNorm`;
-    * a parameter-free activation written out in ops (``NewGELUActivation``): GELU (tanh or exact), SiLU, ...
+    * a parameter-free activation written out in ops (``NewGELUActivation``): GELU (tanh or exact),
+      :class:`quanta.nn.QuickGELU` (CLIP's), SiLU, ...
     """
     base = next((cls for cls in type(module).__mro__[1:] if quantized_class_for(cls) is not None), None)
     if base is not None:  # a subclass with a forward of its own (Falcon's FalconLinear): the base class's
@@ -228,7 +234,7 @@ def _equivalents_by_state(module: nn.Module) -> list[nn.Module]:
         return []
     params = dict(module.named_parameters(recurse=False))
     if not params:
-        return [nn.GELU(approximate="tanh"), nn.GELU(), nn.SiLU(), nn.Sigmoid(), nn.Tanh(), nn.ReLU(),
+        return [nn.GELU(approximate="tanh"), nn.GELU(), QuickGELU(), nn.SiLU(), nn.Sigmoid(), nn.Tanh(), nn.ReLU(),
                 nn.Hardswish(), nn.Mish()]
     weight = params.get("weight")
     if set(params) == {"weight"} and weight.dim() == 1:
@@ -236,9 +242,11 @@ def _equivalents_by_state(module: nn.Module) -> list[nn.Module]:
                     if isinstance(getattr(module, a, None), float)), None)
         if eps is None:
             return []
-        norm = nn.RMSNorm(weight.shape[0], eps=eps, device="meta")
-        norm.weight = weight
-        return [norm]
+        options = [nn.RMSNorm(weight.shape[0], eps=eps, device="meta"),
+                   OffsetRMSNorm(weight.shape[0], eps=eps, device="meta")]  # Gemma's: scaled by 1 + weight
+        for norm in options:
+            norm.weight = weight
+        return options
     bias = params.get("bias")
     if set(params) == {"weight", "bias"} and weight.dim() == 2 and tuple(bias.shape) == (weight.shape[1],):
         return [TransposedLinear(weight, bias)]
@@ -287,6 +295,8 @@ def lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) 
             check = True
             if _single_quantizable_op(nodes):
                 continue  # the functional-op rewrite quantizes it under this module's name
+            if all(is_aten_passthrough(n.target) or n.target is operator.getitem for n in nodes):
+                continue  # it only moves values (wav2vec2's same-padding slice): nothing to quantize
             if type(module) is nn.Module:  # a container torch.export made: rebuild the module its op stands for
                 ops = [n for n in nodes if not is_aten_passthrough(n.target) and n.target is not operator.getitem]
                 rebuilt = rebuild(ops[0], module) if len(ops) == 1 else None
@@ -431,7 +441,8 @@ def _values(gm: fx.GraphModule, flat: list[Any], wanted: set[fx.Node]) -> dict[f
         def run_node(self, n: fx.Node) -> Any:
             result = super().run_node(n)
             if n in wanted:
-                kept[n] = result.detach() if isinstance(result, torch.Tensor) else result
+                # a copy: a later in-place op (Falcon's `mlp_output += attention_output`) changes the tensor
+                kept[n] = result.detach().clone() if isinstance(result, torch.Tensor) else result
             return result
 
     with eval_mode(gm), torch.no_grad():

@@ -749,6 +749,8 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
         {"op_list": ["Gemm", "Relu"]},
         {"op_list": ["Conv", "BatchNormalization"]},
         {"op_list": ["Conv", "BatchNormalization", "Relu"]},
+        {"op_list": ["Conv", "Clip"]},  # ReLU6 (MobileNet, EfficientNet-lite)
+        {"op_list": ["Conv", "BatchNormalization", "Clip"]},
         {"op_list": ["Add", "Relu"]},
         # a residual branch's last Linear (attention output, FFN down projection) runs fused with the add
         # it feeds: its output is not quantized on its own (with the add's output in float, it stays float)
@@ -849,7 +851,9 @@ def op_types_of(module: nn.Module | type[nn.Module]) -> tuple[str, ...]:
 
     if issubclass(cls, base.QuantizationMixin):
         cls = base._float_base(cls)
-    onnx = _ONNX_NAMES.get(cls) or {functional.Multiply: "Mul", functional.TransposedLinear: "Gemm",
+    onnx = _ONNX_NAMES.get(cls) or {functional.Multiply: "Mul", functional.Subtract: "Sub", functional.Divide: "Div",
+                                    functional.TransposedLinear: "Gemm", functional.Interpolate: "Resize",
                                     functional.ChannelsFirstLayerNorm: "LayerNormalization",
+                                    functional.OffsetRMSNorm: "RMSNormalization",
                                     functional.Mean: "ReduceMean"}.get(cls)
     return (cls.__name__,) if onnx in (None, cls.__name__) else (cls.__name__, onnx)

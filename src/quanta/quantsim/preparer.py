@@ -6,7 +6,8 @@ a graph (:mod:`quanta.quantsim.capture`: torch.export, or torch.fx tracing with
 :func:`fx_trace`), :func:`convert_functional_ops` runs the example input through
 it to learn which values are floating-point activations and replaces each call
 of a known functional op on them by a call of a module (:class:`quanta.nn.Add`,
-``Multiply``, ``MatMul``, ``Concat``, ``nn.Softmax``, ``nn.ReLU``, ``nn.GELU``,
+``Subtract``, ``Multiply``, ``Divide``, ``MatMul``, ``Concat``, ``Mean``,
+``Interpolate`` (bilinear and the other value-computing modes), ``nn.Softmax``, ``nn.ReLU``, ``nn.GELU``,
 ``nn.SiLU``, ``nn.Sigmoid``, ``nn.Tanh``, ...); ``F.scaled_dot_product_attention``
 is first expanded into the ops it stands for (:func:`_expand_sdpa`). The new
 modules are registered under the module whose ``forward`` made the call
@@ -16,7 +17,7 @@ trace because it asks a tensor for its dtype, device or rank
 the example's run (:class:`_ValueTracer`).
 
 Ops that change values but have no quantized counterpart (``torch.exp``,
-``x / y``, ...) are kept in float and listed in :attr:`PreparedModel.float_ops`;
+``torch.pow``, ...) are kept in float and listed in :attr:`PreparedModel.float_ops`;
 ops that only move, select or cast values (``view``, ``transpose``, ``getitem``,
 ``size``, ...) need no quantizer and are not listed; nor are values computed only
 from integer inputs, buffers and constants (positions, masks, rotary tables),
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from quanta.nn import Add, Concat, MatMul, Mean, Multiply
+from quanta.nn import Add, Concat, Divide, Interpolate, MatMul, Mean, Multiply, Subtract
 from quanta.nn.base import eval_mode
 from quanta.nn.registry import quantized_class_for
 
@@ -117,9 +118,44 @@ def _cat(node: fx.Node):
     return Concat(dim=dim), tuple(tensors)
 
 
+def _interpolate(node: fx.Node):
+    mode, antialias = _arg(node, 3, "mode", "nearest"), _arg(node, 6, "antialias", False)
+    size, scale = _arg(node, 1, "size"), _arg(node, 2, "scale_factor")
+    if mode not in Interpolate.MODES or antialias or _arg(node, 5, "recompute_scale_factor") or not (
+            _static(size) or size is None and _static(scale)):
+        return None
+    return Interpolate(size=size, scale_factor=scale if size is None else None, mode=mode,
+                       align_corners=_arg(node, 4, "align_corners")), (node.args[0],)
+
+
+def _upsample(mode: str) -> Callable[[fx.Node], Any]:
+    """aten's ``upsample_<mode>.vec(input, output_size, align_corners, scale_factors)`` (what F.interpolate
+    records): the output size, or else the scale factors, as F.interpolate takes them."""
+    def convert(node: fx.Node):
+        size, align, scale = _arg(node, 1, "output_size"), _arg(node, 2, "align_corners"), _arg(node, 3, "scale_factors")
+        if size is not None:
+            return (Interpolate(size=tuple(size), mode=mode, align_corners=align), (node.args[0],)) if _static(
+                size) else None
+        return (Interpolate(scale_factor=tuple(scale), mode=mode, align_corners=align), (node.args[0],)) if _static(
+            scale) else None
+    return convert
+
+
+def _static(value: Any) -> bool:
+    """Whether ``value`` is a number or a non-empty list of numbers (not values computed in the graph)."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(isinstance(v, (int, float)) for v in value)
+    return isinstance(value, (int, float))
+
+
 _FUNCTIONS: dict[Any, tuple[str, Callable[[fx.Node], Any]]] = {
     operator.add: ("add", _binary(Add)),
     torch.add: ("add", _binary(Add)),
+    operator.sub: ("sub", _binary(Subtract)),
+    torch.sub: ("sub", _binary(Subtract)),
+    operator.truediv: ("div", _binary(Divide)),
+    torch.div: ("div", _binary(Divide)),  # rounding_mode=... (a keyword) is left alone
+    F.interpolate: ("interpolate", _interpolate),
     operator.mul: ("mul", _binary(Multiply)),
     torch.mul: ("mul", _binary(Multiply)),
     operator.matmul: ("matmul", _binary(MatMul)),
@@ -145,11 +181,17 @@ _FUNCTIONS: dict[Any, tuple[str, Callable[[fx.Node], Any]]] = {
     F.hardswish: ("hardswish", _unary(nn.Hardswish, "inplace")),
     F.hardsigmoid: ("hardsigmoid", _unary(nn.Hardsigmoid, "inplace")),
     F.mish: ("mish", _unary(nn.Mish, "inplace")),
+    torch.ops.aten.upsample_linear1d.vec: ("interpolate", _upsample("linear")),
+    torch.ops.aten.upsample_bilinear2d.vec: ("interpolate", _upsample("bilinear")),
+    torch.ops.aten.upsample_bicubic2d.vec: ("interpolate", _upsample("bicubic")),
+    torch.ops.aten.upsample_trilinear3d.vec: ("interpolate", _upsample("trilinear")),
 }
 _METHODS: dict[str, tuple[str, Callable[[fx.Node], Any]]] = {
     "mean": ("mean", _mean),
     "add": ("add", _binary(Add)),
     "mul": ("mul", _binary(Multiply)),
+    "sub": ("sub", _binary(Subtract)),
+    "div": ("div", _binary(Divide)),
     "matmul": ("matmul", _binary(MatMul)),
     "bmm": ("matmul", _binary(MatMul)),
     "softmax": ("softmax", _softmax),
@@ -183,7 +225,8 @@ _PASSTHROUGH_MODULES: tuple[type[nn.Module], ...] = (
 _aten = torch.ops.aten
 # aten op -> the torch function with the same signature, which the functional-op rewrite knows
 _ATEN_FUNCTIONS: dict[Any, Any] = {
-    _aten.add.Tensor: torch.add, _aten.mul.Tensor: torch.mul, _aten.matmul.default: torch.matmul,
+    _aten.add.Tensor: torch.add, _aten.sub.Tensor: torch.sub, _aten.mul.Tensor: torch.mul,
+    _aten.div.Tensor: torch.div, _aten.matmul.default: torch.matmul,
     _aten.bmm.default: torch.bmm, _aten.mean.dim: torch.mean, _aten.cat.default: torch.cat, _aten.concat.default: torch.cat,
     _aten.concatenate.default: torch.cat, _aten.softmax.int: torch.softmax,
     _aten.relu.default: torch.relu, _aten.sigmoid.default: torch.sigmoid, _aten.tanh.default: torch.tanh,
@@ -209,6 +252,8 @@ _ATEN_PASSTHROUGH: frozenset[Any] = frozenset(
         "lt", "le", "gt", "ge", "eq", "ne", "logical_not", "logical_and", "logical_or", "__and__", "__or__",
         "bitwise_not", "bitwise_and", "bitwise_or", "scalar_tensor", "item", "_local_scalar_dense", "as_strided",
         "diagonal", "unfold", "im2col", "tile", "broadcast_to", "meshgrid", "index_put", "scatter",
+        "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+        "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
     ) if hasattr(_aten, name))
 
 
