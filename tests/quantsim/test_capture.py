@@ -137,22 +137,31 @@ def test_qat_gradients_reach_weights_and_ranges():
     assert any(p.grad is not None for p in softmax_q.parameters())
 
 
-class _Softsign(nn.Module):
-    def __init__(self):
+class _WithLeaf(nn.Module):
+    def __init__(self, leaf):
         super().__init__()
         self.fc = nn.Linear(8, 8)
-        self.act = nn.Softsign()
+        self.act = leaf
 
     def forward(self, x):
         return self.act(self.fc(x))
 
 
 def test_unknown_leaf_module_is_kept_whole_and_listed():
-    with pytest.warns(UserWarning, match="act"):
-        sim = QuantizationSimModel(_Softsign(), torch.randn(4, 8))
+    with pytest.warns(UserWarning, match="act"):  # log-softmax: no quantized counterpart, not pointwise
+        sim = QuantizationSimModel(_WithLeaf(nn.LogSoftmax(dim=-1)), torch.randn(4, 8))
     assert sim.capture_method == "export"
     assert sim.unquantized_modules == ["act"] and sim.float_ops == []
-    assert isinstance(sim.model.get_submodule("act"), nn.Softsign)
+    assert isinstance(sim.model.get_submodule("act"), nn.LogSoftmax)
+
+
+def test_unknown_pointwise_leaf_module_is_quantized_as_one_op():
+    model = _WithLeaf(nn.Softsign())  # x / (1 + |x|): three pointwise ops, one output quantizer
+    sim = _quiet_sim(model, torch.randn(4, 8))
+    assert sim.unquantized_modules == [] and sim.float_ops == []
+    act = sim.model.get_submodule("act")
+    assert type(act) is quanta.nn.QuantizedPointwise and isinstance(act.fn, nn.Softsign)
+    assert [n for n, _ in sim.named_quantizers() if n.startswith("act.")] == ["act.output_quantizers.0"]
 
 
 class _Branchy(nn.Module):
@@ -409,3 +418,33 @@ def test_module_output_changed_in_place_later_is_still_lifted():
     sim = _quiet_sim(_InPlaceAfterLinear(), torch.randn(2, 8))
     assert sim.unquantized_modules == [] and sim.float_ops == []
     assert isinstance(sim.model.get_submodule("a"), quanta.nn.QuantizedLinear)
+
+
+def _transformers_activations() -> list[str]:
+    activations = pytest.importorskip("transformers.activations")
+    # xIELU has trainable parameters of its own (alpha_p, alpha_n): kept whole in float and listed
+    return [name for name in activations.ACT2CLS if name != "xielu"]
+
+
+@pytest.mark.parametrize("name", _transformers_activations())
+def test_every_transformers_activation_is_quantized(name):
+    from transformers.activations import ACT2FN
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.act, self.fc2 = nn.Linear(8, 8), ACT2FN[name], nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc2(self.act(self.fc1(x)))
+
+    torch.manual_seed(0)
+    model = Mlp()
+    sim = _quiet_sim(model, torch.randn(4, 8))
+    assert sim.capture_method == "export" and sim.float_ops == [] and sim.unquantized_modules == []
+    act = dict(sim.model.named_modules()).get("act")
+    if name != "linear":  # the identity leaves no op
+        assert isinstance(act, quanta.nn.QuantizationMixin) and act.output_quantizers[0] is not None
+    x = torch.randn(64, 8) * 30  # far outside the dummy input's range: a look-alike (clipped GELU) would differ
+    with sim.quantizers_disabled(), torch.no_grad():
+        torch.testing.assert_close(sim.model(x), model(x), rtol=1e-5, atol=1e-5)

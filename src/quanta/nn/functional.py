@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["Add", "ChannelsFirstLayerNorm", "Concat", "Divide", "Interpolate", "MatMul", "Mean", "Multiply",
-           "OffsetRMSNorm", "QuickGELU", "Subtract", "TransposedLinear"]
+           "OffsetRMSNorm", "Pointwise", "QuickGELU", "Subtract", "TransposedLinear"]
 
 
 class Add(nn.Module):
@@ -79,6 +79,26 @@ class Interpolate(nn.Module):
     def extra_repr(self) -> str:
         what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
         return f"{what}, mode={self.mode!r}, align_corners={self.align_corners}"
+
+
+class Pointwise(nn.Module):
+    """An elementwise function written as a module of its own (transformers' ``ReLUSquaredActivation``,
+    ``LaplaceActivation``, ...), as one op: graph capture wraps such a parameter-free module whose ops are all
+    pointwise, so its output gets one quantizer as an activation's does.
+
+    >>> class Squared(nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.relu(x) ** 2
+    >>> Pointwise(Squared())(torch.tensor([-1.0, 3.0]))
+    tensor([0., 9.])
+    """
+
+    def __init__(self, fn: nn.Module) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
 
 
 class QuickGELU(nn.Module):

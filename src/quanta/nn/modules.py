@@ -35,6 +35,7 @@ from quanta.nn.functional import (
     Mean,
     Multiply,
     OffsetRMSNorm,
+    Pointwise,
     QuickGELU,
     Subtract,
     TransposedLinear,
@@ -78,6 +79,8 @@ __all__ = [
     "QuantizedMish",
     "QuantizedMultiply",
     "QuantizedOffsetRMSNorm",
+    "QuantizedPReLU",
+    "QuantizedPointwise",
     "QuantizedQuickGELU",
     "QuantizedReLU",
     "QuantizedReLU6",
@@ -379,6 +382,27 @@ class QuantizedMish(_QuantizedElementwise, nn.Mish):
     """Quantized :class:`torch.nn.Mish`."""
 
 
+class QuantizedPReLU(QuantizationMixin, nn.PReLU):
+    """Quantized :class:`torch.nn.PReLU`: the slopes (``weight``) quantized per tensor, the output quantized.
+
+    >>> import quanta.nn
+    >>> prelu = quanta.nn.QuantizedPReLU(3)
+    >>> prelu.param_quantizers["weight"], prelu.output_quantizers[0] is not None
+    (QuantizeDequantize(shape=(), qmin=-128, qmax=127, symmetric=True), True)
+    """
+
+    def _init_quantizers(self) -> None:
+        super()._init_quantizers()
+        self.param_quantizers["weight"] = QuantizeDequantize(shape=(), bitwidth=8, symmetric=True)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self._qoutput(F.prelu(self._qinput(0, input), self._qparam("weight")), owned=True)
+
+
+class QuantizedPointwise(_QuantizedElementwise, Pointwise):
+    """Quantized :class:`~quanta.nn.Pointwise`: the wrapped function's output quantized."""
+
+
 # Average pooling makes values that are off the input grid, so its output gets a quantizer (max pooling does not).
 class QuantizedAvgPool1d(_QuantizedElementwise, nn.AvgPool1d):
     """Quantized :class:`torch.nn.AvgPool1d`."""
@@ -516,6 +540,8 @@ BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
     Divide: QuantizedDivide,
     Interpolate: QuantizedInterpolate,
     QuickGELU: QuantizedQuickGELU,
+    Pointwise: QuantizedPointwise,
+    nn.PReLU: QuantizedPReLU,
     OffsetRMSNorm: QuantizedOffsetRMSNorm,
     MatMul: QuantizedMatMul,
     Concat: QuantizedConcat,

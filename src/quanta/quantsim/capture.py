@@ -48,7 +48,7 @@ import torch
 from torch import fx, nn
 
 from quanta.nn.base import eval_mode
-from quanta.nn.functional import ChannelsFirstLayerNorm, OffsetRMSNorm, QuickGELU, TransposedLinear
+from quanta.nn.functional import ChannelsFirstLayerNorm, OffsetRMSNorm, Pointwise, QuickGELU, TransposedLinear
 from quanta.nn.registry import quantized_class_for
 from quanta.quantsim.rebuild import rebuild
 from quanta.quantsim.preparer import (
@@ -304,7 +304,8 @@ def lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) 
                     continue
                 replacement = rebuilt
             else:
-                replacement = [*_equivalents(module), module]  # type: ignore[assignment]  # itself, whole, last
+                wrap = [Pointwise(module)] if _pointwise_function(module, nodes) else []
+                replacement = [*_equivalents(module), *wrap, module]  # type: ignore[assignment]  # itself, last
         inside = set(nodes)
         own = {id(t) for t in (*module.parameters(), *module.buffers())}  # its own state, tied weights included
         inputs = list(OrderedDict.fromkeys(
@@ -339,7 +340,8 @@ def lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) 
                 except (RuntimeError, TypeError, ValueError, IndexError):
                     continue  # e.g. the other LayerNorm layout
                 picks = [_matching(got, values.get(o)) for o in outputs]
-                if all(i is not None for i in picks):
+                if all(i is not None for i in picks) and (
+                        mha or _same_on_wide_range(_submodule(model, path), option, x)):
                     replacement = option
                     break
             else:
@@ -371,6 +373,30 @@ def lift_module_calls(gm: fx.GraphModule, model: nn.Module, example: list[Any]) 
     gm.graph.lint()
     gm.recompile()
     return lifted
+
+
+def _pointwise_function(module: nn.Module, nodes: list[fx.Node]) -> bool:
+    """Whether ``module`` is a parameter-free leaf whose ops (those that change values) are all pointwise: an
+    activation function written as a module of its own, quantized as one op (:class:`quanta.nn.Pointwise`)."""
+    if next(module.children(), None) is not None or next(module.parameters(), None) is not None or next(
+            module.buffers(), None) is not None:
+        return False
+    changing = [n for n in nodes if not is_aten_passthrough(n.target) and n.target is not operator.getitem]
+    return bool(changing) and all(torch.Tag.pointwise in getattr(n.target, "tags", ()) for n in changing)
+
+
+def _same_on_wide_range(module: nn.Module, option: nn.Module, x: torch.Tensor) -> bool:
+    """For a parameter-free module, whether ``option`` also computes what it computes on values far outside the
+    example's (``ClippedGELUActivation`` equals GELU on small inputs only); other modules pass."""
+    if option is module or isinstance(option, Pointwise) or next(module.parameters(), None) is not None or (
+            not x.is_floating_point()):
+        return True
+    probe = torch.linspace(-60.0, 60.0, x.numel(), dtype=x.dtype).reshape(x.shape)
+    try:
+        with torch.no_grad(), eval_mode(module), eval_mode(option):
+            return _matching((option(probe),), module(probe)) is not None
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        return False
 
 
 def _matching(results: Any, want: Any) -> int | None:
