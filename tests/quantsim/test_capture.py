@@ -448,3 +448,10 @@ def test_every_transformers_activation_is_quantized(name):
     x = torch.randn(64, 8) * 30  # far outside the dummy input's range: a look-alike (clipped GELU) would differ
     with sim.quantizers_disabled(), torch.no_grad():
         torch.testing.assert_close(sim.model(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_batchnorm_relu6_share_one_output_quantizer():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU6(), nn.Conv2d(4, 4, 1), nn.ReLU6()).eval()
+    sim = _quiet_sim(model, torch.randn(2, 3, 8, 8))
+    outputs = [n for n, q in sim.named_quantizers() if ".output_quantizers." in n]
+    assert outputs == ["2.output_quantizers.0", "4.output_quantizers.0"]  # Conv+BN+Clip, Conv+Clip
