@@ -455,3 +455,47 @@ def test_conv_batchnorm_relu6_share_one_output_quantizer():
     sim = _quiet_sim(model, torch.randn(2, 3, 8, 8))
     outputs = [n for n, q in sim.named_quantizers() if ".output_quantizers." in n]
     assert outputs == ["2.output_quantizers.0", "4.output_quantizers.0"]  # Conv+BN+Clip, Conv+Clip
+
+
+class _EinsumBaddbmm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        q, k = self.q(x), self.k(x)
+        scores = torch.einsum("bid,bjd->bij", q, k)
+        scores = torch.baddbmm(scores, q, k.transpose(1, 2), beta=0.5, alpha=0.25)  # BLOOM's ALiBi form
+        return scores.softmax(-1) @ q
+
+
+@pytest.mark.parametrize("method", ["export", "fx"])
+def test_einsum_and_baddbmm_are_quantized(method):
+    torch.manual_seed(0)
+    model = _EinsumBaddbmm()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_model(model, (torch.randn(2, 5, 8),), methods=(method,))
+    assert prepared.float_ops == []
+    kinds = {n: type(m) for n, m in prepared.inserted}
+    assert kinds["einsum"] is quanta.nn.Einsum and kinds["baddbmm"] is quanta.nn.Baddbmm
+    assert prepared.model.get_submodule("baddbmm").alpha == 0.25 and prepared.model.get_submodule("baddbmm").beta == 0.5
+
+
+def test_einsum_and_baddbmm_export_to_onnx_within_one_step(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = _EinsumBaddbmm()
+    x = torch.randn(2, 5, 8)
+    sim = _quiet_sim(model, x)
+    assert sim.float_ops == []
+    sim.compute_encodings([torch.randn(2, 5, 8) for _ in range(2)], progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim.export(str(tmp_path), "m", x)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    with torch.no_grad():
+        want = sim.model(x)
+    step = sim.model.get_submodule("matmul").output_quantizers[0].get_scale().item()
+    assert (got - want).abs().max().item() <= step * 1.001

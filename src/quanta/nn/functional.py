@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Add", "ChannelsFirstLayerNorm", "Concat", "Divide", "Interpolate", "MatMul", "Mean", "Multiply",
+__all__ = ["Add", "Baddbmm", "ChannelsFirstLayerNorm", "Concat", "Divide", "Einsum", "Interpolate", "MatMul", "Mean",
+           "Multiply",
            "OffsetRMSNorm", "Pointwise", "QuickGELU", "Subtract", "TransposedLinear"]
 
 
@@ -117,6 +118,47 @@ class MatMul(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.matmul(x, y)
+
+
+class Einsum(nn.Module):
+    """``torch.einsum(equation, *operands)``.
+
+    >>> Einsum("bij,bjk->bik")(torch.ones(1, 2, 3), torch.ones(1, 3, 2))
+    tensor([[[3., 3.],
+             [3., 3.]]])
+    """
+
+    def __init__(self, equation: str) -> None:
+        super().__init__()
+        if not isinstance(equation, str):
+            raise TypeError(f"equation must be a str, got {type(equation).__name__}")
+        self.equation = equation
+
+    def forward(self, *operands: torch.Tensor) -> torch.Tensor:
+        return torch.einsum(self.equation, *operands)
+
+    def extra_repr(self) -> str:
+        return f"equation={self.equation!r}"
+
+
+class Baddbmm(nn.Module):
+    """``torch.baddbmm(input, batch1, batch2, beta=beta, alpha=alpha)``: ``beta * input + alpha * (batch1 @
+    batch2)`` (BLOOM's ALiBi attention scores).
+
+    >>> Baddbmm(beta=1.0, alpha=0.5)(torch.ones(1, 2, 2), torch.ones(1, 2, 3), torch.ones(1, 3, 2))
+    tensor([[[2.5000, 2.5000],
+             [2.5000, 2.5000]]])
+    """
+
+    def __init__(self, beta: float = 1.0, alpha: float = 1.0) -> None:
+        super().__init__()
+        self.beta, self.alpha = float(beta), float(alpha)
+
+    def forward(self, input: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(input, batch1, batch2, beta=self.beta, alpha=self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta:g}, alpha={self.alpha:g}"
 
 
 class Concat(nn.Module):

@@ -27,9 +27,11 @@ from quanta.kernels.range_affine import relu_quantize_dequantize
 from quanta.nn.base import QuantizationMixin, plain, qdq
 from quanta.nn.functional import (
     Add,
+    Baddbmm,
     ChannelsFirstLayerNorm,
     Concat,
     Divide,
+    Einsum,
     Interpolate,
     MatMul,
     Mean,
@@ -53,6 +55,7 @@ __all__ = [
     "QuantizedAvgPool1d",
     "QuantizedAvgPool2d",
     "QuantizedAvgPool3d",
+    "QuantizedBaddbmm",
     "QuantizedBatchNorm1d",
     "QuantizedBatchNorm2d",
     "QuantizedChannelsFirstLayerNorm",
@@ -64,6 +67,7 @@ __all__ = [
     "QuantizedConvTranspose2d",
     "QuantizedDivide",
     "QuantizedELU",
+    "QuantizedEinsum",
     "QuantizedEmbedding",
     "QuantizedGELU",
     "QuantizedGroupNorm",
@@ -476,6 +480,17 @@ class QuantizedDivide(_QuantizedElementwise, Divide):
 class QuantizedInterpolate(_QuantizedElementwise, Interpolate):
     """Quantized :class:`~quanta.nn.Interpolate` (bilinear and the other value-computing modes): output
     quantized."""
+class QuantizedEinsum(_QuantizedElementwise, Einsum):
+    """Quantized :class:`~quanta.nn.Einsum`: output quantized (one input slot, off, by default; give one
+    quantizer per operand to quantize them)."""
+
+
+class QuantizedBaddbmm(_QuantizedElementwise, Baddbmm):
+    """Quantized :class:`~quanta.nn.Baddbmm`: three input slots (off by default), output on."""
+
+    num_inputs = 3
+
+
 
 
 class QuantizedQuickGELU(_QuantizedElementwise, QuickGELU):
@@ -544,6 +559,8 @@ BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
     nn.PReLU: QuantizedPReLU,
     OffsetRMSNorm: QuantizedOffsetRMSNorm,
     MatMul: QuantizedMatMul,
+    Einsum: QuantizedEinsum,
+    Baddbmm: QuantizedBaddbmm,
     Concat: QuantizedConcat,
     Mean: QuantizedMean,
     ChannelsFirstLayerNorm: QuantizedChannelsFirstLayerNorm,

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from quanta.nn import Add, Concat, Divide, Interpolate, MatMul, Mean, Multiply, Subtract
+from quanta.nn import Add, Baddbmm, Concat, Divide, Einsum, Interpolate, MatMul, Mean, Multiply, Subtract
 from quanta.nn.base import eval_mode
 from quanta.nn.registry import quantized_class_for
 
@@ -118,6 +118,31 @@ def _cat(node: fx.Node):
     return Concat(dim=dim), tuple(tensors)
 
 
+def _einsum(node: fx.Node):
+    """``torch.einsum(eq, *operands)``, ``torch.einsum(eq, [operands])`` or aten's ``einsum(eq, tensors, path)``."""
+    if not node.args or not isinstance(node.args[0], str):
+        return None
+    rest, path = node.args[1:], node.kwargs.get("path")
+    if rest and isinstance(rest[0], (list, tuple)):
+        operands = tuple(rest[0])
+        if len(rest) > 1:
+            path = rest[1]
+    else:
+        operands = tuple(rest)
+    if path is not None or set(node.kwargs) - {"path"} or not operands:
+        return None  # an explicit contraction order: left in float
+    return Einsum(node.args[0]), operands
+
+
+def _baddbmm(node: fx.Node):
+    if len(node.args) != 3 or any(k not in ("beta", "alpha") for k in node.kwargs):
+        return None
+    beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+    if not all(isinstance(v, (int, float)) for v in (beta, alpha)):
+        return None
+    return Baddbmm(beta, alpha), tuple(node.args)
+
+
 def _interpolate(node: fx.Node):
     mode, antialias = _arg(node, 3, "mode", "nearest"), _arg(node, 6, "antialias", False)
     size, scale = _arg(node, 1, "size"), _arg(node, 2, "scale_factor")
@@ -156,6 +181,10 @@ _FUNCTIONS: dict[Any, tuple[str, Callable[[fx.Node], Any]]] = {
     operator.truediv: ("div", _binary(Divide)),
     torch.div: ("div", _binary(Divide)),  # rounding_mode=... (a keyword) is left alone
     F.interpolate: ("interpolate", _interpolate),
+    torch.einsum: ("einsum", _einsum),
+    torch.baddbmm: ("baddbmm", _baddbmm),
+    torch.ops.aten.einsum.default: ("einsum", _einsum),
+    torch.ops.aten.baddbmm.default: ("baddbmm", _baddbmm),
     operator.mul: ("mul", _binary(Multiply)),
     torch.mul: ("mul", _binary(Multiply)),
     operator.matmul: ("matmul", _binary(MatMul)),
@@ -194,6 +223,7 @@ _METHODS: dict[str, tuple[str, Callable[[fx.Node], Any]]] = {
     "div": ("div", _binary(Divide)),
     "matmul": ("matmul", _binary(MatMul)),
     "bmm": ("matmul", _binary(MatMul)),
+    "baddbmm": ("baddbmm", _baddbmm),
     "softmax": ("softmax", _softmax),
     "relu": ("relu", _unary(nn.ReLU)),
     "sigmoid": ("sigmoid", _unary(nn.Sigmoid)),
