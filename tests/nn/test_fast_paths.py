@@ -491,3 +491,83 @@ def test_quantized_modules_are_quantization_mixins():  # sanity of the helper us
     sim = _sim(ReuseFanOut().eval(), torch.randn(4, 8))
     mods = [m for _, m in sim.quantized_modules()]
     assert mods and all(isinstance(m, QuantizationMixin) and m.plain_outputs for m in mods)
+
+
+# --------------------------------------------------------------------------- non-contiguous outputs, constant inputs
+class ChannelsLastBlock(nn.Module):
+    """A depthwise convolution on a permuted input (its output is channels last) and a channels-first LayerNorm
+    (its output a permuted view), as in ConvNeXt."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.norm = qnn.ChannelsFirstLayerNorm(8)
+        self.pw = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):  # x: (N, H, W, C)
+        return self.pw(self.norm(self.dw(x.permute(0, 3, 1, 2))))
+
+
+def test_channels_last_outputs_fast_path_equals_slow_path():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 6, 8)
+    model = ChannelsLastBlock().eval()
+    assert not model.dw(x.permute(0, 3, 1, 2)).is_contiguous()  # the case at hand
+    sim = _sim(model, x)
+    with torch.no_grad():
+        fast = sim.model(x)
+    slow = copy.deepcopy(sim)
+    _slow_path(slow)
+    with torch.no_grad():
+        reference = slow.model(x)
+    assert _bits_equal(fast, reference)
+    assert _bits_equal(fast, _fast_vs_autograd(sim, x)[1])
+
+
+def test_owned_non_contiguous_output_is_quantized_in_a_contiguous_copy():
+    from quanta.kernels import native
+
+    q = qnn.default_activation_quantizer()
+    q.set_range(-2.0, 2.0)
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    before = x.clone()
+    expected = _plain(q(x))
+    with torch.no_grad():
+        out = q._qdq_owned(x)
+        assert out is not None and out is not x and out.is_contiguous() and expected.is_contiguous()
+        assert _bits_equal(out, expected) and _bits_equal(x, before)
+        with native.disabled():  # the eager kernel keeps the memory format: the quantizer is called as usual
+            assert q._qdq_owned(x) is None
+    assert q._qdq_owned(x) is None  # autograd on
+
+
+def test_parameter_inputs_are_cached_like_parameters():
+    """A parameter fed to a module's input (a captured graph's get_attr: DINOv2's layer scale, ViT's position
+    embeddings) is fake-quantized once at inference, and again after any change a parameter's cache sees."""
+    mul = qnn.QuantizedMultiply()
+    scale = nn.Parameter(torch.rand(8) + 0.5)
+    mul.input_quantizers[1] = qnn.default_activation_quantizer()
+    x = torch.randn(4, 8)
+    with mul.compute_encodings():
+        mul(x, scale)
+    mul.plain_outputs = True
+    mul.eval()
+    q = mul.input_quantizers[1]
+    calls = []
+    q.register_forward_hook(lambda m, a, o: calls.append(1))
+
+    def reference():
+        return _plain(mul.output_quantizers[0](x * _plain(q(scale))))
+
+    with torch.no_grad():
+        first = mul(x, scale)
+        assert _bits_equal(mul(x, scale), first) and len(calls) == 1
+        assert _bits_equal(first, reference())
+        q.max.data.mul_(0.5)  # a range write through .data
+        assert _bits_equal(mul(x, scale), reference())
+        scale.mul_(2)  # an in-place update of the parameter
+        assert _bits_equal(mul(x, scale), reference())
+        plain_scale = scale.detach().clone()  # not a parameter: quantized on every call
+        n = len(calls)
+        mul(x, plain_scale), mul(x, plain_scale)
+        assert len(calls) == n + 2

@@ -24,7 +24,7 @@ __all__ = ["range_affine", "relu_quantize_dequantize", "RangeCall"]
 class RangeCall:
     """One quantizer call's constants: plan, grid, and scale/offset precomputed from ``[min, max]``."""
 
-    __slots__ = ("mode", "plan", "out_dtype", "grid", "symmetric", "scale", "offset", "flat")
+    __slots__ = ("mode", "plan", "out_dtype", "grid", "symmetric", "scale", "offset", "flat", "bound")
 
     def __init__(self, mode: int, p: AffinePlan, out_dtype: torch.dtype, grid: IntegerGrid, symmetric: bool,
                  scale: torch.Tensor, offset: torch.Tensor) -> None:
@@ -32,6 +32,17 @@ class RangeCall:
         self.grid, self.symmetric = grid, symmetric
         self.scale, self.offset = scale, offset
         self.flat = (p.flat(scale), p.flat(offset))
+        native_call = p.native_call()
+        self.bound = None if native_call is None else native_call.bind(mode, *self.flat)
+
+    def forward(self, x: torch.Tensor, *, want_mask: bool = False, out: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:func:`~quanta.kernels.affine.forward_raw` with this call's constants (no autograd)."""
+        lib = native.library()  # None inside native.disabled()
+        if self.bound is not None and lib is not None:
+            return self.bound.forward(x, want_mask=want_mask, out=out, lib=lib)
+        return forward_raw(self.mode, x, self.scale, self.offset, self.plan, self.out_dtype, want_mask=want_mask,
+                           out=out, flat=self.flat)
 
 
 class _RangeAffine(torch.autograd.Function):
@@ -40,8 +51,7 @@ class _RangeAffine(torch.autograd.Function):
         needs_x = ctx.needs_input_grad[0]
         needs_range = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         use_mask = call.mode == QDQ and needs_x and not needs_range
-        y, mask = forward_raw(call.mode, x, call.scale, call.offset, call.plan, call.out_dtype,
-                              want_mask=use_mask, flat=call.flat)
+        y, mask = call.forward(x, want_mask=use_mask)
         if use_mask:
             ctx.save_for_backward(mask)
         elif needs_x or needs_range:
@@ -82,15 +92,14 @@ def range_affine(x: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor, call: Rang
     """
     if torch.is_grad_enabled() and (x.requires_grad or mn.requires_grad or mx.requires_grad):
         return _RangeAffine.apply(x, mn, mx, call)
-    return forward_raw(call.mode, x, call.scale, call.offset, call.plan, call.out_dtype, flat=call.flat)[0]
+    return call.forward(x)[0]
 
 
 class _ReluQDQ(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, call):  # type: ignore[override]
         y = torch.relu(x)
-        y, inside = forward_raw(call.mode, y, call.scale, call.offset, call.plan, call.out_dtype,
-                                want_mask=True, out=y, flat=call.flat)
+        y, inside = call.forward(y, want_mask=True, out=y)
         # ReLU passes the gradient where its output is > 0 (torch's threshold_backward); x > 0 is the same set
         ctx.save_for_backward(inside.logical_and_(x > 0))
         return y
@@ -111,5 +120,5 @@ def relu_quantize_dequantize(x: torch.Tensor, call: RangeCall) -> torch.Tensor:
     """
     if not (torch.is_grad_enabled() and x.requires_grad):
         y = torch.relu(x)
-        return forward_raw(call.mode, y, call.scale, call.offset, call.plan, call.out_dtype, out=y, flat=call.flat)[0]
+        return call.forward(y, out=y)[0]
     return _ReluQDQ.apply(x, call)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from quanta._snapshot import Snapshot
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.tensors.quantized import DequantizedTensor
 
@@ -148,21 +149,28 @@ def _set_slots(m: QuantizationMixin, ins: list, outs: list, params: dict) -> Non
         m.param_quantizers[k] = q
 
 
-def _tensor_key(t: torch.Tensor) -> tuple:
-    return (id(t), t._version, t.data_ptr(), t.dtype, t.device, tuple(t.shape))
+def _slot(module: nn.Module, container: str, i: int) -> nn.Module | None:
+    """``module.<container>[i]`` for an ``nn.ModuleList`` container, by plain dict lookups on the hot path
+    (``nn.Module.__getattr__`` and ``ModuleList.__getitem__`` cost about a microsecond together)."""
+    try:
+        return module._modules[container]._modules[str(i)]
+    except KeyError:  # a negative index, or out of range
+        return getattr(module, container)[i]  # raises what indexing raises
 
 
-def _quantizer_state(q: nn.Module) -> list[torch.Tensor]:
-    # a quantizer's own tensors (ranges, flags) are tiny: compared by value, so even `.data` writes are seen
-    return [t.detach().clone() for m in q.modules() for t in (*m._parameters.values(), *m._buffers.values())
-            if t is not None]
+class _CachedParam:
+    """A fake-quantized parameter and what it was computed from (see :meth:`QuantizationMixin._qparam`)."""
 
+    __slots__ = ("param", "version", "ptr", "dtype", "shape", "quantizer", "state", "value")
 
-def _same_state(saved: list[torch.Tensor], q: nn.Module) -> bool:
-    now = [t for m in q.modules() for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
-    return len(now) == len(saved) and all(
-        a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and torch.equal(a, b)
-        for a, b in zip(saved, now))
+    def __init__(self, p: torch.Tensor, q: nn.Module, value: torch.Tensor) -> None:
+        self.param, self.version, self.ptr, self.dtype, self.shape = p, p._version, p.data_ptr(), p.dtype, p.shape
+        self.quantizer, self.state, self.value = q, Snapshot(q), value
+
+    def valid_for(self, p: torch.Tensor, q: nn.Module) -> bool:
+        # the same tensor, unchanged by in-place ops; the same quantizer, its tensors holding the same bytes
+        return (p is self.param and p._version == self.version and p.data_ptr() == self.ptr and p.dtype == self.dtype
+                and p.shape == self.shape and q is self.quantizer and self.state.unchanged())
 
 
 class QuantizationMixin:
@@ -292,25 +300,27 @@ class QuantizationMixin:
         call ``module.eval()`` again after such a write. Under ``torch.compile`` / ``torch.export``
         the cache is not used (its key is tensor data): the quantizer runs inside the graph.
         """
-        p = getattr(self, name)
+        params = self._parameters  # plain dict lookups: nn.Module.__getattr__ costs ~0.5 µs a call
+        p = params[name] if name in params else getattr(self, name)
         if p is None:
             return None
-        try:
-            q = self.param_quantizers[name]  # nn.ModuleDict has no .get()
-        except KeyError:
-            q = None
+        q = self._modules["param_quantizers"]._modules.get(name)
         if q is None or not isinstance(p, torch.Tensor):
             return p
+        return self._cached_qdq(name, p, q)
+
+    def _cached_qdq(self, key: str | int, p: torch.Tensor, q: nn.Module) -> torch.Tensor:
+        """``plain(q(p))`` for a parameter ``p``; in eval mode without autograd, the last value computed under
+        ``key`` while it is still valid (see :meth:`_qparam`)."""
         if (self.training or torch.is_grad_enabled() or getattr(q, "_calibrating", False)
                 or torch.compiler.is_compiling()):
             return plain(q(p))
         cache = self.__dict__.setdefault("_qparam_cache", {})
-        key = _tensor_key(p)
-        hit = cache.get(name)
-        if hit is not None and hit[0] == key and hit[1] is q and _same_state(hit[2], q):
-            return hit[3]
+        hit = cache.get(key)
+        if hit is not None and hit.valid_for(p, q):
+            return hit.value
         value = plain(q(p))
-        cache[name] = (key, q, _quantizer_state(q), value)
+        cache[key] = _CachedParam(p, q, value)
         return value
 
     def train(self, mode: bool = True):  # type: ignore[override]
@@ -324,7 +334,12 @@ class QuantizationMixin:
         return super()._apply(fn, recurse)  # type: ignore[misc]
 
     def _qinput(self, i: int, x: Any) -> Any:
-        return plain(qdq(self.input_quantizers[i], x))
+        """``x`` after input quantizer ``i``, as a plain tensor. A parameter given as an input (a model's
+        constant, e.g. a captured graph's ``get_attr``) is cached as :meth:`_qparam` caches parameters."""
+        q = _slot(self, "input_quantizers", i)
+        if q is not None and type(x) is nn.Parameter:
+            return self._cached_qdq(i, x, q)
+        return plain(qdq(q, x))
 
     def _qoutput(self, y: Any, i: int = 0, *, owned: bool = False) -> Any:
         """``y`` after output quantizer ``i``; ``owned``: ``y`` is a fresh op output that nothing else refers to.
@@ -334,10 +349,12 @@ class QuantizationMixin:
         pass over memory fewer per quantizer at inference); not while compiling
         or exporting, where the out-of-place op gives the same bits.
         """
-        q = self.output_quantizers[i]
-        if owned and self.plain_outputs and q is not None and getattr(q, "_qdq_into_", None) is not None \
-                and not torch.compiler.is_compiling() and q._qdq_into_(y):
-            return y
+        q = _slot(self, "output_quantizers", i)
+        if owned and self.plain_outputs and q is not None and getattr(q, "_qdq_owned", None) is not None \
+                and not torch.compiler.is_compiling():
+            out = q._qdq_owned(y)
+            if out is not None:
+                return out
         y = qdq(q, y)
         return plain(y) if self.plain_outputs else y
 

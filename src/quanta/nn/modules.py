@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quanta.kernels.range_affine import relu_quantize_dequantize
-from quanta.nn.base import QuantizationMixin, plain, qdq
+from quanta.nn.base import QuantizationMixin, plain
 from quanta.nn.functional import (
     Add,
     Baddbmm,
@@ -306,15 +306,18 @@ class _QuantizedElementwise(QuantizationMixin):
     """``QDQ_out(float_forward(*QDQ_in(inputs)))`` for modules without parameters."""
 
     def forward(self, *inputs: Any) -> torch.Tensor:
-        if len(inputs) != len(self.input_quantizers) and any(q is not None for q in self.input_quantizers):
-            raise ValueError(
-                f"{type(self).__name__} got {len(inputs)} inputs but has {len(self.input_quantizers)} "
-                "input_quantizers; resize input_quantizers to match or set them to None"
-            )
-        qin = tuple(plain(qdq(q, x)) for q, x in zip(self.input_quantizers, inputs)) + tuple(
-            plain(x) for x in inputs[len(self.input_quantizers):])
+        slots = tuple(self._modules["input_quantizers"]._modules.values())  # the ModuleList's entries, in order
+        if slots.count(None) != len(slots):  # some input quantized
+            if len(inputs) != len(slots):
+                raise ValueError(
+                    f"{type(self).__name__} got {len(inputs)} inputs but has {len(slots)} "
+                    "input_quantizers; resize input_quantizers to match or set them to None"
+                )
+            qin = tuple(self._qinput(i, x) for i, x in enumerate(inputs))
+        else:
+            qin = tuple(map(plain, inputs))
         # every wrapped op returns a new tensor, except activations constructed with inplace=True
-        return self._qoutput(super().forward(*qin), owned=not getattr(self, "inplace", False))  # type: ignore[misc]
+        return self._qoutput(super().forward(*qin), owned=not self.__dict__.get("inplace", False))  # type: ignore[misc]
 
 
 class QuantizedReLU(_QuantizedElementwise, nn.ReLU):

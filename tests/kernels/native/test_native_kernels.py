@@ -152,6 +152,31 @@ def test_out_argument_reuses_the_buffer():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("mode", [native.QDQ, native.Q])
+@pytest.mark.parametrize("s_shape, block", [((), None), ((8, 1), None), ((8, 4), (-1, 8))])
+def test_bound_call_equals_the_call_it_binds(lib, dtype, mode, s_shape, block):
+    # ties x = (k + 0.5) * s included: the bound call passes the same constants through a struct
+    gen = torch.Generator().manual_seed(3)
+    s = torch.rand(s_shape, generator=gen) * 0.05 + 0.01
+    o = torch.randint(-3, 3, s_shape, generator=gen).float()
+    per_element = s.repeat_interleave(8, 1) if block else s
+    x = ((torch.randint(-300, 300, (8, 32), generator=gen) + 0.5) * per_element).to(dtype)
+    x[0] = torch.randn(32, generator=gen)
+    p = K.plan(x, s_shape, IntegerGrid(-128, 127), block)
+    call = p.native_call()
+    fs, fo = p.flat(s), p.flat(o)
+    bound = call.bind(mode, fs, fo)
+    want, want_mask = call.forward(mode, x, fs, fo, want_mask=True)
+    got, got_mask = bound.forward(x, want_mask=True)
+    assert torch.equal(got, want) and torch.equal(got_mask, want_mask)
+    inplace = x.clone()
+    assert bound.forward(inplace, out=inplace)[0] is inplace and torch.equal(inplace, want)
+    strided = torch.empty(32, 8, dtype=dtype).t()  # an out= that is not contiguous
+    assert bound.forward(x, out=strided)[0] is strided and torch.equal(strided, want)
+    assert torch.equal(bound.forward(x.t().contiguous().t())[0], want)  # a non-contiguous input
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_straight_through_equals_torch_where(dtype):
     gen = torch.Generator().manual_seed(5)
     g = torch.randn(37, 41, generator=gen).to(dtype)

@@ -28,15 +28,15 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["library", "status", "disabled", "supports", "Call", "float_forward", "straight_through", "QDQ", "Q",
-           "DQ", "AMAX_FQ", "AMAX_Q"]
+__all__ = ["library", "status", "disabled", "supports", "Call", "Bound", "float_forward", "straight_through", "QDQ",
+           "Q", "DQ", "AMAX_FQ", "AMAX_Q"]
 
 QDQ, Q, DQ, AMAX_FQ, AMAX_Q = 0, 1, 2, 4, 5
 _DTYPE_CODE = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 _SOURCE = pathlib.Path(__file__).with_name("affine.cpp")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared",
           "-std=c++17"]
-_ABI_VERSION = 7
+_ABI_VERSION = 8
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -106,6 +106,8 @@ def _load() -> ctypes.CDLL | None:
     i64, dbl, vp, i32 = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_int
     lib.quanta_affine_forward.argtypes = [i32, i32, i32, vp, vp, vp, i64, i64, i64, vp, vp, dbl, dbl, i32]
     lib.quanta_affine_forward.restype = i32
+    lib.quanta_affine_forward_bound.argtypes = [vp, vp, vp, vp, i32]
+    lib.quanta_affine_forward_bound.restype = i32
     lib.quanta_affine_backward.argtypes = [i32, i32, i32, vp, vp, vp, i64, i64, i64, vp, vp, dbl, dbl, vp, vp, i32]
     lib.quanta_affine_backward.restype = i32
     lib.quanta_float_forward.argtypes = [i32, vp, vp, vp, i64, i64, i64, vp, i32, i32, i32, dbl, i32, i32]
@@ -116,7 +118,11 @@ def _load() -> ctypes.CDLL | None:
     return lib
 
 
-_disabled = threading.local()
+class _Depth(threading.local):
+    depth = 0  # a class default: reading it in a thread that never set it raises and catches nothing
+
+
+_disabled = _Depth()
 
 
 @contextlib.contextmanager
@@ -125,7 +131,7 @@ def disabled() -> Iterator[None]:
 
     For comparisons and tests: both paths must give the same bits.
     """
-    depth = getattr(_disabled, "depth", 0)
+    depth = _disabled.depth
     _disabled.depth = depth + 1
     try:
         yield
@@ -136,9 +142,9 @@ def disabled() -> Iterator[None]:
 def library() -> ctypes.CDLL | None:
     """The loaded native library, building it on first call; None if unavailable or disabled."""
     global _lib, _state
-    if getattr(_disabled, "depth", 0):
+    if _disabled.depth:
         return None
-    if _state == "not loaded yet":
+    if _lib is None and _state == "not loaded yet":
         with _lock:
             if _state == "not loaded yet":
                 _lib = _load()
@@ -173,18 +179,16 @@ class Call:
         """``y`` (and the bool inside-mask) for ``x``; ``scale``/``offset`` flat, contiguous, compute dtype."""
         lib = library()
         assert lib is not None
-        xc = x if x.is_contiguous() else x.contiguous()
-        y = out if out is not None and out.is_contiguous() else torch.empty(x.shape, dtype=x.dtype)
-        mask = torch.empty(x.shape, dtype=torch.bool) if want_mask else None
+        xc, y, mask = _buffers(x, want_mask, out)
         P, S, B = self.psb
         rc = lib.quanta_affine_forward(mode, self.code, self.wide, xc.data_ptr(), y.data_ptr(),
                                        None if mask is None else mask.data_ptr(), P, S, B, scale.data_ptr(),
                                        offset.data_ptr(), self.qmin, self.qmax, torch.get_num_threads())
-        if rc:
-            raise RuntimeError(f"quanta native forward failed with code {rc}")
-        if out is not None and y is not out:
-            y = out.copy_(y)
-        return y, mask
+        return _finish(rc, y, mask, out)
+
+    def bind(self, mode: int, scale: torch.Tensor, offset: torch.Tensor) -> Bound:
+        """This call with ``mode``, ``scale`` and ``offset`` fixed (flat, contiguous, compute dtype)."""
+        return Bound(self, mode, scale, offset)
 
     def backward(self, mode: int, grad: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
                  *, want_dx: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
@@ -193,7 +197,7 @@ class Call:
         assert lib is not None and grad.dtype == x.dtype
         gc = grad if grad.is_contiguous() else grad.contiguous()
         xc = x if x.is_contiguous() else x.contiguous()
-        dx = torch.empty(x.shape, dtype=x.dtype) if want_dx else None
+        dx = torch.empty_like(xc) if want_dx else None
         P, S, B = self.psb
         ds = torch.empty(S, dtype=torch.float64)
         do = torch.empty(S, dtype=torch.float64)
@@ -206,6 +210,63 @@ class Call:
         return dx, ds, do
 
 
+class _AffineArgs(ctypes.Structure):
+    # struct AffineArgs of affine.cpp
+    _fields_ = [("mode", ctypes.c_int32), ("dtype", ctypes.c_int32), ("wide", ctypes.c_int32),
+                ("unused", ctypes.c_int32), ("P", ctypes.c_int64), ("S", ctypes.c_int64), ("B", ctypes.c_int64),
+                ("sc", ctypes.c_void_p), ("of", ctypes.c_void_p), ("qmin", ctypes.c_double), ("qmax", ctypes.c_double)]
+
+
+class Bound:
+    """A :class:`Call` with its mode, scale and offset fixed: a forward passes only the data pointers.
+
+    Same kernel and bits as ``call.forward(mode, x, scale, offset)``; it keeps ``scale`` and ``offset`` alive.
+    """
+
+    __slots__ = ("_keep", "_args", "_address")
+
+    def __init__(self, call: Call, mode: int, scale: torch.Tensor, offset: torch.Tensor) -> None:
+        P, S, B = call.psb
+        self._keep = (scale, offset)
+        self._args = _AffineArgs(mode, call.code, call.wide, 0, P, S, B, scale.data_ptr(), offset.data_ptr(),
+                                 call.qmin, call.qmax)
+        self._address = ctypes.addressof(self._args)
+
+    def forward(self, x: torch.Tensor, *, want_mask: bool = False, out: torch.Tensor | None = None,
+                lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As :meth:`Call.forward` with the bound mode, scale and offset (``lib``: :func:`library()`, if the
+        caller has it at hand)."""
+        lib = lib or library()
+        assert lib is not None
+        if out is x and not want_mask and x.is_contiguous():  # in place: the quantizers' inference path
+            ptr = x.data_ptr()
+            if lib.quanta_affine_forward_bound(self._address, ptr, ptr, None, torch.get_num_threads()):
+                _finish(1, x, None, None)  # raises
+            return x, None
+        xc, y, mask = _buffers(x, want_mask, out)
+        rc = lib.quanta_affine_forward_bound(self._address, xc.data_ptr(), y.data_ptr(),
+                                             None if mask is None else mask.data_ptr(), torch.get_num_threads())
+        return _finish(rc, y, mask, out)
+
+
+def _buffers(x: torch.Tensor, want_mask: bool, out: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The contiguous input, the output to write and the mask (or None) of a forward kernel call."""
+    xc = x if x.is_contiguous() else x.contiguous()
+    # empty_like of a contiguous tensor is contiguous, and a microsecond cheaper than torch.empty(shape, ...)
+    y = out if out is not None and out.is_contiguous() else torch.empty_like(xc)
+    return xc, y, torch.empty_like(xc, dtype=torch.bool) if want_mask else None
+
+
+def _finish(rc: int, y: torch.Tensor, mask: torch.Tensor | None, out: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if rc:
+        raise RuntimeError(f"quanta native forward failed with code {rc}")
+    if out is not None and y is not out:
+        y = out.copy_(y)
+    return y, mask
+
+
 def float_forward(x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tensor, emin: int, emax: int,
                   mbits: int, fmax: float, no_negative_zero: bool, *, want_mask: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -213,8 +274,8 @@ def float_forward(x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tenso
     lib = library()
     assert lib is not None
     xc = x if x.is_contiguous() else x.contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype)
-    mask = torch.empty(x.shape, dtype=torch.bool) if want_mask else None
+    y = torch.empty_like(xc)
+    mask = torch.empty_like(xc, dtype=torch.bool) if want_mask else None
     rc = lib.quanta_float_forward(_DTYPE_CODE[x.dtype], xc.data_ptr(), y.data_ptr(),
                                   None if mask is None else mask.data_ptr(), *psb, scale.data_ptr(), emin, emax,
                                   mbits, float(fmax), int(no_negative_zero), torch.get_num_threads())
@@ -238,7 +299,7 @@ def straight_through(grad: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return torch.where(mask, grad, 0.0)
     g = grad if grad.is_contiguous() else grad.contiguous()
     m = mask if mask.is_contiguous() else mask.contiguous()
-    out = torch.empty(g.shape, dtype=g.dtype)
+    out = torch.empty_like(g)
     rc = lib.quanta_masked_copy(g.element_size(), g.data_ptr(), m.data_ptr(), out.data_ptr(), g.numel(),
                                 torch.get_num_threads())
     if rc:

@@ -547,6 +547,21 @@ int quanta_affine_forward(int mode, int dtype, int wide, const void* x, void* y,
   return 0;
 }
 
+// The constants of one prepared forward call (quanta.kernels.native.Bound): a call through ctypes then
+// converts five arguments instead of fourteen, about a microsecond less per call.
+struct AffineArgs {
+  int32_t mode, dtype, wide, unused;
+  int64_t P, S, B;
+  const void* sc;
+  const void* of;
+  double qmin, qmax;
+};
+
+int quanta_affine_forward_bound(const AffineArgs* a, const void* x, void* y, uint8_t* mask, int nthreads) {
+  return quanta_affine_forward(a->mode, a->dtype, a->wide, x, y, mask, a->P, a->S, a->B, a->sc, a->of, a->qmin,
+                               a->qmax, nthreads);
+}
+
 int quanta_affine_backward(int mode, int dtype, int wide, const void* g, const void* x, void* dx, int64_t P,
                            int64_t S, int64_t B, const void* sc, const void* of, double qmin, double qmax,
                            double* ds, double* dof, int nthreads) {
@@ -598,6 +613,6 @@ int quanta_masked_copy(int element_size, const void* g, const uint8_t* mask, voi
   return 0;
 }
 
-int quanta_abi_version() { return 7; }
+int quanta_abi_version() { return 8; }
 
 }  // extern "C"

@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module  # its dicts of global forward (pre-)hooks
 
+from quanta._snapshot import Snapshot
 from quanta.encodings.affine import AffineEncoding
 from quanta.grids.affine import MAX_BITWIDTH, GridProperties, resolve_grid
 from quanta.kernels import affine as kernels
@@ -305,13 +307,13 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
     def _qparams(self) -> "_QParams":
         """Scale and offset of the current range, cached while ``min``/``max`` hold the same values."""
         c = self._qcache
-        mn, mx = self.min, self.max
-        if c is not None and c.matches(mn, mx):
+        if c is not None and c.state.unchanged():
             return c
+        mn, mx = self.min, self.max
         with torch.no_grad():
             scale = scale_from_range(mn, mx, self.grid)
             offset = offset_from_range(mn, scale, self.grid, self.symmetric)
-        c = self._qcache = _QParams(mn, mx, scale, offset)
+        c = self._qcache = _QParams(self, scale, offset)
         return c
 
     def _check_device(self, x: torch.Tensor) -> None:
@@ -338,8 +340,9 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
             with self._batch_range(x):
                 enc = self._encoding_for(x)
                 return self._wrap_output(self._kernel(x, enc.scale, enc.offset), enc)
-        mn, mx, c, call = self._prepared_call(x)
-        return self._wrap_output(range_affine(x, mn, mx, call), _LiveEncoding(self, c))
+        c, call = self._prepared_call(x)
+        params = self._parameters
+        return self._wrap_output(range_affine(x, params["min"], params["max"], call), _LiveEncoding(self, c))
 
     def _traced_forward(self, input: torch.Tensor) -> torch.Tensor:
         """``forward`` under torch.compile / torch.export: only static Python decisions; a plain tensor.
@@ -358,24 +361,22 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         scale = scale_from_range(mn, mx, self.grid)
         return self._kernel(x, scale, offset_from_range(mn, scale, self.grid, self.symmetric))
 
-    def _prepared_call(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _QParams, RangeCall]:
-        """``(min, max, qparams, kernel call)`` for ``x`` outside calibration: the hot path.
+    def _prepared_call(self, x: torch.Tensor) -> tuple[_QParams, RangeCall]:
+        """``(qparams, kernel call)`` for ``x`` outside calibration: the hot path.
 
         Plain dict lookups instead of nn.Module.__getattr__, cached plans and qparams.
         """
-        params = self._parameters
-        mn, mx = params["min"], params["max"]
-        if not self._buffers["_initialized"]:
-            self._encoding_for(x)  # raises the uninitialised error
         c = self._qcache
-        if c is None or not c.matches(mn, mx):
+        if c is None or not c.state.unchanged():  # the snapshot covers `_initialized` too
             c = self._qparams()
+        if not c.initialized:
+            self._raise_uninitialized()
         p = self._plans.get((x.shape, x.dtype, x.device)) or self._plan(x)
         call = c.calls.get(p)
         if call is None:
             call = c.calls[p] = RangeCall(self._mode, p, self._out_dtype(x.dtype), self.grid, self.symmetric,
                                           c.scale, c.offset)
-        return mn, mx, c, call
+        return c, call
 
     def _direct_call(self, x: torch.Tensor) -> RangeCall | None:
         """The prepared kernel call if ``self(x)`` is nothing but that kernel call on a plain tensor; else None.
@@ -386,11 +387,14 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         """
         if (type(self) is not QuantizeDequantize or self._calibrating or type(x) is not torch.Tensor
                 or not x.is_floating_point() or not x.is_contiguous()
-                or self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks_exist()):
+                or self._forward_hooks or self._forward_pre_hooks
+                or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks):
             return None
-        mn, mx, _, call = self._prepared_call(x)
-        if torch.is_grad_enabled() and (mn.requires_grad or mx.requires_grad):
-            return None
+        call = self._prepared_call(x)[1]
+        if torch.is_grad_enabled():
+            params = self._parameters
+            if params["min"].requires_grad or params["max"].requires_grad:
+                return None
         return call
 
     def _qdq_into_(self, x: torch.Tensor) -> bool:
@@ -401,11 +405,29 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         outside autograd only, when :meth:`_direct_call` gives a call. ``x`` is
         untouched when it returns False; the caller then calls the quantizer as usual.
         """
-        call = None if torch.is_grad_enabled() else self._direct_call(x)
-        if call is None:
-            return False
-        kernels.forward_raw(call.mode, x, call.scale, call.offset, call.plan, call.out_dtype, flat=call.flat, out=x)
-        return True
+        return x.is_contiguous() and self._qdq_owned(x) is x
+
+    def _qdq_owned(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The values ``self(x)`` would return, as a plain tensor, without a new allocation where that is safe and
+        cheap; None where the caller should call the quantizer as usual (``x`` untouched).
+
+        For a caller that owns ``x`` (a fresh op output nothing else refers to) and only needs the values. A
+        contiguous ``x`` is overwritten (:meth:`_qdq_into_`). A non-contiguous one on CPU (a channels-last
+        convolution output, a permuted view) is copied and the copy overwritten where the native kernel
+        runs: ``self(x)`` reads such a copy too and returns a contiguous tensor (the eager kernel keeps
+        ``x``'s memory format: there, None).
+        """
+        if type(x) is not torch.Tensor or torch.is_grad_enabled():
+            return None
+        contiguous = x.is_contiguous()
+        if not contiguous and x.device.type != "cpu":
+            return None
+        xc = x if contiguous else x.contiguous()
+        call = self._direct_call(xc)
+        if call is None or not (contiguous or call.plan.native_call() is not None):
+            return None
+        call.forward(xc, out=xc)
+        return xc
 
     _mode: int
 
@@ -511,26 +533,18 @@ def _eager_forward(quantizer: AffineQuantizerBase, x: torch.Tensor) -> Quantized
     return quantizer.forward(x)
 
 
-def _global_forward_hooks_exist() -> bool:
-    # torch keeps hooks registered with nn.modules.module.register_module_forward_(pre_)hook in these dicts
-    from torch.nn.modules import module as nn_module
-    return bool(getattr(nn_module, "_global_forward_hooks", None) or getattr(nn_module, "_global_forward_pre_hooks", None))
-
-
 class _QParams:
-    """Scale and offset computed (without a graph) from a snapshot of ``min``/``max``."""
+    """Scale and offset computed (without a graph) from the quantizer's ``min``/``max``, and a snapshot of its
+    tensors (``min``, ``max``, ``_initialized``): the cache holds while ``state.unchanged()``. Bytes, not version
+    counters: writes through ``.data`` do not bump versions."""
 
-    __slots__ = ("min", "max", "scale", "offset", "calls")
+    __slots__ = ("state", "initialized", "scale", "offset", "calls")
 
-    def __init__(self, mn: torch.Tensor, mx: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> None:
-        self.min, self.max = mn.detach().clone(), mx.detach().clone()
+    def __init__(self, quantizer: AffineQuantizerBase, scale: torch.Tensor, offset: torch.Tensor) -> None:
+        self.state = Snapshot(quantizer)
+        self.initialized = bool(quantizer._buffers["_initialized"])
         self.scale, self.offset = scale, offset
         self.calls: dict[AffinePlan, RangeCall] = {}  # prepared kernel calls per input plan
-
-    def matches(self, mn: torch.Tensor, mx: torch.Tensor) -> bool:
-        # Values, not version counters: writes through `.data` do not bump versions.
-        return (mn.device == self.min.device and mn.dtype == self.min.dtype and torch.equal(mn.detach(), self.min)
-                and torch.equal(mx.detach(), self.max))
 
 
 class _LiveEncoding(AffineEncoding):
