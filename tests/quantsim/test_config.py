@@ -101,7 +101,8 @@ def test_builtin_default_norm_weight_per_tensor(op_types):
 def test_builtin_default_supergroups():
     assert QuantSimConfig.load().supergroups == (
         ("Conv", "Relu"), ("ConvTranspose", "Relu"), ("Gemm", "Relu"),
-        ("Conv", "BatchNormalization"), ("Conv", "BatchNormalization", "Relu"), ("Add", "Relu"), ("Gemm", "Add"),
+        ("Conv", "BatchNormalization"), ("Conv", "BatchNormalization", "Relu"),
+        ("Conv", "Clip"), ("Conv", "BatchNormalization", "Clip"), ("Add", "Relu"), ("Gemm", "Add"),
     )
 
 
