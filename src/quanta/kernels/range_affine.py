@@ -44,6 +44,13 @@ class RangeCall:
         return forward_raw(self.mode, x, self.scale, self.offset, self.plan, self.out_dtype, want_mask=want_mask,
                            out=out, flat=self.flat)
 
+    def forward_(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` overwritten with the values of :meth:`forward` (a contiguous ``x`` of the output dtype)."""
+        lib = native.library()
+        if self.bound is not None and lib is not None:
+            return self.bound.forward_(x, lib)
+        return self.forward(x, out=x)[0]
+
 
 class _RangeAffine(torch.autograd.Function):
     @staticmethod

@@ -238,15 +238,21 @@ class Bound:
         caller has it at hand)."""
         lib = lib or library()
         assert lib is not None
-        if out is x and not want_mask and x.is_contiguous():  # in place: the quantizers' inference path
-            ptr = x.data_ptr()
-            if lib.quanta_affine_forward_bound(self._address, ptr, ptr, None, torch.get_num_threads()):
-                _finish(1, x, None, None)  # raises
-            return x, None
+        if out is x and not want_mask and x.is_contiguous():
+            return self.forward_(x, lib), None
         xc, y, mask = _buffers(x, want_mask, out)
         rc = lib.quanta_affine_forward_bound(self._address, xc.data_ptr(), y.data_ptr(),
                                              None if mask is None else mask.data_ptr(), torch.get_num_threads())
         return _finish(rc, y, mask, out)
+
+
+    def forward_(self, x: torch.Tensor, lib: ctypes.CDLL) -> torch.Tensor:
+        """``x`` (contiguous) overwritten with its values: the quantizers' inference path, with :func:`library()`
+        passed in."""
+        ptr = x.data_ptr()
+        if lib.quanta_affine_forward_bound(self._address, ptr, ptr, None, torch.get_num_threads()):
+            _finish(1, x, None, None)  # raises
+        return x
 
 
 def _buffers(x: torch.Tensor, want_mask: bool, out: torch.Tensor | None

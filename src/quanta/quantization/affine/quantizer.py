@@ -426,8 +426,7 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         call = self._direct_call(xc)
         if call is None or not (contiguous or call.plan.native_call() is not None):
             return None
-        call.forward(xc, out=xc)
-        return xc
+        return call.forward_(xc)
 
     _mode: int
 
