@@ -480,9 +480,6 @@ class QuantizedDivide(_QuantizedElementwise, Divide):
     num_inputs = 2
 
 
-class QuantizedInterpolate(_QuantizedElementwise, Interpolate):
-    """Quantized :class:`~quanta.nn.Interpolate` (bilinear and the other value-computing modes): output
-    quantized."""
 class QuantizedEinsum(_QuantizedElementwise, Einsum):
     """Quantized :class:`~quanta.nn.Einsum`: output quantized (one input slot, off, by default; give one
     quantizer per operand to quantize them)."""
@@ -494,6 +491,9 @@ class QuantizedBaddbmm(_QuantizedElementwise, Baddbmm):
     num_inputs = 3
 
 
+class QuantizedInterpolate(_QuantizedElementwise, Interpolate):
+    """Quantized :class:`~quanta.nn.Interpolate` (bilinear and the other value-computing modes): output
+    quantized."""
 
 
 class QuantizedQuickGELU(_QuantizedElementwise, QuickGELU):
@@ -559,11 +559,11 @@ BUILTIN: dict[type[nn.Module], type[nn.Module]] = {
     Interpolate: QuantizedInterpolate,
     QuickGELU: QuantizedQuickGELU,
     Pointwise: QuantizedPointwise,
+    Einsum: QuantizedEinsum,
+    Baddbmm: QuantizedBaddbmm,
     nn.PReLU: QuantizedPReLU,
     OffsetRMSNorm: QuantizedOffsetRMSNorm,
     MatMul: QuantizedMatMul,
-    Einsum: QuantizedEinsum,
-    Baddbmm: QuantizedBaddbmm,
     Concat: QuantizedConcat,
     Mean: QuantizedMean,
     ChannelsFirstLayerNorm: QuantizedChannelsFirstLayerNorm,
