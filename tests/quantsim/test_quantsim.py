@@ -25,7 +25,7 @@ from torch import nn
 
 import quanta.nn
 import quanta.quantsim
-import quanta.quantsim.quantsim as quantsim_mod
+import quanta.quantsim.calibrate as calibrate_mod
 from quanta.quantization.affine import QuantizeDequantize, quantize_dequantize
 from quanta.quantization.base import QuantizerBase
 from quanta.quantization.float import FloatQuantizeDequantize
@@ -1422,13 +1422,13 @@ def test_sequential_holds_few_live_values(monkeypatch):
     sim = sim_of(model, randn(2, 16))
     n_nodes = len(list(sim._prepared.graph.nodes))
     sizes = []
-    real = quantsim_mod._run_node
+    real = calibrate_mod._run_node
 
     def spy(root, node, env):
         sizes.append(len(env))
         return real(root, node, env)
 
-    monkeypatch.setattr(quantsim_mod, "_run_node", spy)
+    monkeypatch.setattr(calibrate_mod, "_run_node", spy)
     sim.compute_encodings_sequential([randn(8, 16, seed=s) for s in range(3)], progress=False)
     assert n_nodes >= 14 and len(sizes) > n_nodes
     assert max(sizes) <= 2  # a chain: one activation alive at a time, not the whole forward

@@ -33,7 +33,7 @@ from torch import nn
 
 import quanta._files
 import quanta.export.encodings as encodings_module
-import quanta.quantsim.quantsim as quantsim_module
+import quanta.quantsim.encodings_io as encodings_io_module
 from quanta.encodings.affine import AffineEncoding
 from quanta.export.encodings import read_encodings, write_encodings
 from quanta.quantsim import QuantizationSimModel
@@ -180,7 +180,7 @@ def test_save_encodings_failure_keeps_previous_file(tmp_path, monkeypatch, sims,
     path = tmp_path / "sim.encodings"
     old.save_encodings(path, version=version)
     before = path.read_bytes()
-    module = quantsim_module if version is None else encodings_module
+    module = encodings_io_module if version is None else encodings_module
     error = _inject_json(monkeypatch, how, module)
     with pytest.raises(error):
         new.save_encodings(path, version=version)

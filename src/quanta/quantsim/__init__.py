@@ -11,8 +11,11 @@
 >>> sim.model(x).shape
 torch.Size([4, 10])
 
-See :class:`QuantizationSimModel`, :mod:`quanta.quantsim.config` for the config
-file, :mod:`quanta.quantsim.preparer` for how functional ops are made quantizable.
+See :class:`QuantizationSimModel` (the facade), :mod:`quanta.quantsim.config` for the config
+file, :mod:`quanta.quantsim.capture` and :mod:`quanta.quantsim.preparer` for how a model is captured and
+its functional ops made quantizable, :mod:`quanta.quantsim.placement` for which quantizer goes where,
+:mod:`quanta.quantsim.construction` for how they are built, :mod:`quanta.quantsim.calibrate` for
+calibration and :mod:`quanta.quantsim.encodings_io` for encodings files.
 """
 
 from quanta.quantsim.batch_norm_fold import fold_all_batch_norms

@@ -1,0 +1,187 @@
+"""What each quantizer becomes in ONNX, before any node or tensor is named: its element type, granularity
+(per tensor, per axis, per block) in ONNX's terms, scale and zero point, and the lowest opset that expresses
+it; and the opset of the whole graph.
+
+>>> import torch
+>>> from quanta.quantization.affine import QuantizeDequantize
+>>> q = QuantizeDequantize((4, 2), 4, symmetric=True, block_size=(1, 8))
+>>> q.set_range(-torch.ones(4, 2), torch.ones(4, 2))
+>>> p = quantizer_plan("fc.param_quantizers.weight", q, (4, 16))
+>>> p.what, p.gran.axis, p.gran.block_size, p.opset
+('int4 per-block', 1, 8, 21)
+>>> choose_opset({p.name: p}, None, dynamo=False)
+21
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quanta.export.onnx.elements import IntType, float8_types, float16_types, int_type_for
+from quanta.grids.affine import IntegerGrid
+from quanta.kernels import affine as affine_kernels
+from quanta.kernels.blocks import BlockLayout, resolve_layout
+from quanta.quantization.affine.quantizer import QuantizeDequantize
+from quanta.quantization.base import QuantizerBase
+from quanta.quantization.float import FloatQuantizeDequantize
+
+__all__ = ["DYNAMO_MIN_OPSET", "MAX_OPSET", "MIN_OPSET", "Granularity", "Plan", "choose_opset", "granularity",
+           "int_codes", "kernel_blocks", "plan_for_calls", "quantizer_plan"]
+
+#: Lowest opset written: per-axis QuantizeLinear/DequantizeLinear need 13.
+MIN_OPSET = 13
+#: Highest opset accepted (what torch.onnx targets; onnxruntime 1.32 runs it).
+MAX_OPSET = 23
+DYNAMO_MIN_OPSET = 18  # the torch.export-based exporter's lowest opset
+
+
+# ---------------------------------------------------------------------- granularity
+@dataclass(frozen=True)
+class Granularity:
+    """How a quantizer's scale maps onto a tensor of ``shape`` in ONNX terms."""
+
+    shape: tuple[int, ...]  # the quantized tensor's shape
+    layout: BlockLayout
+    blocks: tuple[int, ...]  # elements per scale entry, for every dim of ``shape``
+    axis: int | None  # None: per tensor
+    block_size: int | None  # None: per tensor or per axis
+
+    @property
+    def kind(self) -> str:
+        return "tensor" if self.axis is None else "axis" if self.block_size is None else "block"
+
+    def onnx_param(self, t: torch.Tensor) -> torch.Tensor:
+        """A scale-shaped tensor in the layout QuantizeLinear wants: scalar, 1-D, or blocked (same rank)."""
+        lead = len(self.shape) - len(self.layout.scale_shape)
+        full = t.reshape((1,) * lead + self.layout.scale_shape)
+        if self.axis is None:
+            return full.reshape(())
+        if self.block_size is None:
+            return full.reshape(-1)
+        for d, b in enumerate(self.blocks):  # other dims: one entry per element (ONNX's rule), by repetition
+            if d != self.axis and b > 1:
+                full = full.repeat_interleave(b, dim=d)
+        return full.contiguous()
+
+    def broadcastable(self, t: torch.Tensor) -> torch.Tensor:
+        """A scale-shaped tensor repeated over its blocks, so it broadcasts (numpy rules) against the tensor."""
+        out = t.reshape(self.layout.scale_shape)
+        for d, (n, b) in enumerate(zip(self.layout.scale_shape, self.layout.block_size)):
+            if n > 1 and b > 1:
+                out = out.repeat_interleave(b, dim=d)
+        return out.contiguous()
+
+
+def granularity(name: str, shape: tuple[int, ...], qshape: tuple[int, ...],
+                block_size: tuple[int, ...] | None) -> Granularity:
+    try:
+        layout = resolve_layout(shape, qshape, block_size)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    lead = len(shape) - len(layout.scale_shape)
+    blocks = tuple(shape[:lead]) + layout.block_size
+    counts = [s // b if b else 1 for s, b in zip(shape, blocks)]
+    split = [d for d, n in enumerate(counts) if n > 1]
+    if not split:
+        return Granularity(shape, layout, blocks, None, None)
+    if len(split) == 1 and blocks[split[0]] == 1:
+        return Granularity(shape, layout, blocks, split[0], None)
+    blocked = [d for d in split if blocks[d] > 1]
+    axis = max(blocked, key=lambda d: blocks[d]) if blocked else split[0]
+    return Granularity(shape, layout, blocks, axis, blocks[axis])
+
+
+# ---------------------------------------------------------------------- per-quantizer plans
+@dataclass
+class Plan:
+    """What one quantizer becomes in ONNX (everything but node and tensor names)."""
+
+    name: str
+    kind: str  # "int" | "float8" | "cast"
+    proto: int  # element type of the quantized values
+    gran: Granularity
+    scale: torch.Tensor  # quantizer-shaped
+    zero_point: torch.Tensor | None  # quantizer-shaped codes (int, float8)
+    grid: IntegerGrid | None  # int: the quantizer's grid
+    itype: IntType | None
+    fmax: float | None  # cast: the format's largest value
+    opset: int
+    what: str  # for messages, e.g. "int4 per-block"
+
+    @property
+    def narrow(self) -> bool:
+        """True if the grid is a strict sub-range of the ONNX type (the sim clamps tighter than QuantizeLinear)."""
+        return self.kind == "int" and (self.grid.qmin, self.grid.qmax) != (self.itype.qmin, self.itype.qmax)
+
+
+def quantizer_plan(name: str, q: QuantizerBase, shape: tuple[int, ...]) -> Plan:
+    if isinstance(q, QuantizeDequantize):
+        enc = q.get_encodings()
+        if enc is None:  # pragma: no cover - checked before
+            raise RuntimeError(f"{name} is not initialised; run sim.compute_encodings() first")
+        itype = int_type_for(q.grid)
+        if itype is None:
+            raise NotImplementedError(
+                f"{name}: the grid [{q.grid.qmin}, {q.grid.qmax}] needs more than 16 bits; ONNX QuantizeLinear "
+                "has no such type (export with qdq=False and an encodings file instead)")
+        scale = enc.scale.detach().float()
+        offset = torch.broadcast_to(enc.offset.detach().float(), scale.shape)
+        gran = granularity(name, shape, tuple(q.shape), q.block_size)
+        opset = max(itype.opset, 21 if gran.kind == "block" else MIN_OPSET)
+        return Plan(name, "int", itype.proto, gran, scale, -offset, q.grid, itype, None, opset,
+                    f"{itype.name} per-{gran.kind}")
+    if isinstance(q, FloatQuantizeDequantize):
+        dtype = q.format.torch_dtype
+        scale = q.get_scale().detach().float()
+        gran = granularity(name, shape, tuple(q.shape), q.block_size)
+        if dtype in float8_types():
+            opset = 21 if gran.kind == "block" else 19
+            return Plan(name, "float8", float8_types()[dtype], gran, scale, torch.zeros_like(scale), None, None,
+                        None, opset, f"{q.format.name()} per-{gran.kind}")
+        if dtype in float16_types():
+            return Plan(name, "cast", float16_types()[dtype], gran, scale, None, None, None, float(q.format.max),
+                        MIN_OPSET, q.format.name())
+        raise NotImplementedError(
+            f"{name}: ONNX has no type for the float format {q.format.name()} (supported: float8 e4m3fn/e5m2/"
+            "e4m3fnuz/e5m2fnuz, float16, bfloat16); export with qdq=False and an encodings file instead")
+    raise NotImplementedError(
+        f"{name}: cannot export a {type(q).__name__} as QuantizeLinear/DequantizeLinear "
+        "(supported: quanta.quantization.affine.QuantizeDequantize, "
+        "quanta.quantization.float.FloatQuantizeDequantize)")
+
+
+def plan_for_calls(name: str, q: QuantizerBase, inputs: list[tuple[tuple[int, ...], torch.dtype]]) -> Plan:
+    """The plan of quantizer ``name`` for the tensors it was called on (``(shape, dtype)`` each): one shape
+    unless it is per tensor."""
+    plan = quantizer_plan(name, q, inputs[0][0])
+    shapes = {shape for shape, _ in inputs}
+    if len(shapes) > 1 and plan.gran.kind != "tensor":
+        raise NotImplementedError(f"{name} is applied to tensors of shapes {sorted(shapes)}; "
+                                  f"a per-{plan.gran.kind} quantizer can be exported for one shape only")
+    return plan
+
+
+def int_codes(plan: Plan, w: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """``clamp(round(w / s) - o, qmin, qmax)`` with the sim's kernel."""
+    return affine_kernels.quantize(w.detach().float(), plan.scale, -plan.zero_point, IntegerGrid(qmin, qmax),
+                                   kernel_blocks(plan))
+
+
+def kernel_blocks(plan: Plan) -> tuple[int, ...] | None:
+    layout = plan.gran.layout
+    return None if layout.is_broadcast else layout.block_size
+
+
+def choose_opset(plans: dict[str, Plan], opset: int | None, dynamo: bool) -> int:
+    """``opset``, checked against what each plan needs; None: the lowest that expresses every plan."""
+    floor = DYNAMO_MIN_OPSET if dynamo else MIN_OPSET
+    if opset is None:
+        return max([floor, *(p.opset for p in plans.values())])
+    too_high = [p for p in plans.values() if p.opset > opset]
+    if too_high:
+        p = max(too_high, key=lambda p: p.opset)
+        raise ValueError(f"opset {opset} is too low: {p.name} ({p.what}) needs opset {p.opset}"
+                         + (f" (and {len(too_high) - 1} more quantizers)" if len(too_high) > 1 else ""))
+    return opset

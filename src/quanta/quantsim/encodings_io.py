@@ -1,0 +1,197 @@
+"""A simulated model's encodings in files: quanta's own lossless JSON format, and AIMET's formats through
+:mod:`quanta.export.sim_encodings`.
+
+quanta's format (``version=None``) holds every initialised quantizer by its name in ``sim.named_quantizers()``::
+
+    {"format": "quanta.quantsim.encodings", "version": 1,
+     "quantizers": {"0.output_quantizers.0": {"type": "affine", ...AffineEncoding.to_dict()},
+                    "1.output_quantizers.0": {"type": "float", ...FloatEncoding.to_dict()}}}
+
+Loading checks the whole file against the sim's quantizers (grid, shape, block size, float format, finite
+positive scales, integer offsets, symmetric offsets for symmetric quantizers) before anything changes.
+
+>>> import torch
+>>> from torch import nn
+>>> from quanta.quantsim import QuantizationSimModel
+>>> model = nn.Sequential(nn.Linear(8, 4))
+>>> x = torch.randn(16, 8)
+>>> sim = QuantizationSimModel(model, x)
+>>> sim.compute_encodings([x], progress=False)
+>>> doc = encodings_document(sim.named_quantizers())
+>>> doc["format"], sorted(doc["quantizers"])
+('quanta.quantsim.encodings', ['0.output_quantizers.0', '0.param_quantizers.weight'])
+>>> fresh = QuantizationSimModel(model, x)
+>>> load_encodings(fresh, doc, strict=True, partial=False, requires_grad=None, allow_overwrite=None)
+>>> torch.equal(fresh.model(x), sim.model(x))
+True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from quanta._files import atomic_write, read_json
+from quanta._text import shortlist as _shortlist
+from quanta.encodings.affine import AffineEncoding
+from quanta.encodings.float import FloatEncoding
+from quanta.export.protocol import SimulationLike
+from quanta.kernels.qparams import offset_from_range
+from quanta.quantization.affine import QuantizeDequantize
+from quanta.quantization.base import QuantizerBase
+
+__all__ = ["ENCODINGS_FORMAT", "ENCODINGS_VERSION", "encodings_document", "load_encodings", "save_encodings"]
+
+ENCODINGS_FORMAT = "quanta.quantsim.encodings"
+ENCODINGS_VERSION = 1
+
+
+def encodings_document(quantizers: Iterable[tuple[str, QuantizerBase]]) -> dict[str, Any]:
+    """quanta's encodings document for ``quantizers`` (``(name, quantizer)`` pairs; uninitialised ones left out)."""
+    entries = {}
+    for name, q in quantizers:
+        if not q.is_initialized():
+            continue
+        enc = q.get_encodings()
+        entries[name] = {"type": "float" if isinstance(enc, FloatEncoding) else "affine", **enc.to_dict()}
+    return {"format": ENCODINGS_FORMAT, "version": ENCODINGS_VERSION, "quantizers": entries}
+
+
+def save_encodings(sim: SimulationLike, path: str | os.PathLike, version: str | None = None) -> None:
+    """Write ``sim``'s encodings to ``path`` (atomically): quanta's format, or AIMET's ``version``."""
+    if version is not None:
+        from quanta.export.encodings import EncodingsVersion
+        from quanta.export.sim_encodings import export_encodings
+
+        export_encodings(sim, path, EncodingsVersion.parse(version))
+        return
+    text = json.dumps(encodings_document(sim.named_quantizers()), indent=1)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(path, write)
+
+
+def load_encodings(sim: SimulationLike, encodings: str | os.PathLike | Mapping[str, Any], *, strict: bool,
+                   partial: bool, requires_grad: bool | None, allow_overwrite: bool | None) -> None:
+    """Set ``sim``'s quantizer encodings from a file or its parsed dict, in quanta's format or AIMET's (the
+    options as :meth:`quanta.quantsim.QuantizationSimModel.load_encodings` says)."""
+    where = ""
+    if isinstance(encodings, (str, os.PathLike)):  # parse once (json only), then tell the formats apart
+        where = f"{os.fspath(encodings)}: "
+        encodings = read_json(encodings, "encodings")
+        if not isinstance(encodings, Mapping):
+            raise ValueError(f"{where}encodings: expected a JSON object, got {type(encodings).__name__}")
+    if not _is_quanta_format(encodings):
+        from quanta.export.sim_encodings import apply_encodings
+
+        try:
+            apply_encodings(sim, encodings, strict=strict, partial=partial, requires_grad=requires_grad,
+                            allow_overwrite=allow_overwrite)
+        except ValueError as e:
+            raise ValueError(f"{where}{e}") from None
+        return
+    doc = _read_encodings(encodings)
+    entries = doc["quantizers"]
+    own = dict(sim.named_quantizers())
+    unknown = [k for k in entries if k not in own]
+    if strict and unknown:
+        raise ValueError(f"encodings for quantizers the model does not have (or that are disabled): "
+                         f"{_shortlist(unknown)}")
+    if not partial:
+        absent = [k for k in own if k not in entries]
+        if absent:
+            raise ValueError(f"partial=False but the encodings miss quantizers {_shortlist(absent)}")
+    parsed: list[tuple[QuantizerBase, AffineEncoding | FloatEncoding]] = []
+    for name, entry in entries.items():
+        if name not in own:
+            continue
+        enc = _parse_entry(name, entry)
+        _check_entry(name, enc, own[name])
+        parsed.append((own[name], enc))
+    for q, enc in parsed:
+        if isinstance(enc, AffineEncoding):
+            q.set_encodings(enc)  # type: ignore[union-attr]
+        else:
+            q.set_range(enc.maxval)  # type: ignore[union-attr]
+        if requires_grad is not None:
+            for p in q.parameters():
+                p.requires_grad_(requires_grad)
+        if allow_overwrite is not None:
+            q.allow_overwrite(allow_overwrite)
+
+
+def _is_quanta_format(doc: Any) -> bool:
+    """Whether a parsed encodings document is quanta's own format; AIMET's carry a ``version`` and no ``format``.
+    Anything that is not a mapping goes to quanta's reader, which names what is wrong with it."""
+    return not isinstance(doc, Mapping) or "format" in doc or "version" not in doc
+
+
+def _read_encodings(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(source, (str, os.PathLike)):
+        doc = read_json(source, "encodings")
+    elif isinstance(source, Mapping):
+        doc = source
+    else:
+        raise TypeError(f"encodings must be a path or a mapping, got {type(source).__name__}")
+    if not isinstance(doc, Mapping) or doc.get("format") != ENCODINGS_FORMAT:
+        raise ValueError(f"encodings: expected a mapping with format={ENCODINGS_FORMAT!r} (written by save_encodings)")
+    if doc.get("version") != ENCODINGS_VERSION:
+        raise ValueError(f"encodings: unsupported version {doc.get('version')!r} (this quanta reads {ENCODINGS_VERSION})")
+    if not isinstance(doc.get("quantizers"), Mapping):
+        raise ValueError("encodings['quantizers'] must be a mapping of quantizer names to encodings")
+    bad = [k for k in doc["quantizers"] if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"encodings['quantizers']: quantizer names must be strings, got {bad[0]!r}")
+    return dict(doc)
+
+
+def _check_entry(name: str, enc: AffineEncoding | FloatEncoding, q: QuantizerBase) -> None:
+    """Everything ``set_encodings``/``set_range`` would reject, checked before anything is changed."""
+    where = f"encodings[{name!r}]"
+    if isinstance(enc, AffineEncoding) != isinstance(q, QuantizeDequantize):
+        raise ValueError(f"{where}: a {'affine' if isinstance(enc, AffineEncoding) else 'float'} encoding for a "
+                         f"{type(q).__name__}")
+    if tuple(enc.scale.shape) != tuple(q.shape):  # type: ignore[attr-defined]
+        raise ValueError(f"{where}: shape {tuple(enc.scale.shape)} differs from the quantizer's {q.shape}")  # type: ignore[attr-defined]
+    if enc.block_size != q.block_size:  # type: ignore[attr-defined]
+        raise ValueError(f"{where}: block_size {enc.block_size} differs from the quantizer's {q.block_size}")  # type: ignore[attr-defined]
+    if isinstance(enc, FloatEncoding):
+        if enc.format != q.format:  # type: ignore[attr-defined]
+            raise ValueError(f"{where}: float format {enc.format} differs from the quantizer's {q.format}")  # type: ignore[attr-defined]
+        return
+    if enc.grid != q.grid:  # type: ignore[attr-defined]
+        raise ValueError(f"{where}: grid {enc.grid} differs from the quantizer's {q.grid}")  # type: ignore[attr-defined]
+    offset = torch.broadcast_to(enc.offset, enc.scale.shape)
+    if not bool(torch.isfinite(offset).all()) or not torch.equal(offset, offset.round()):
+        raise ValueError(f"{where}: offsets must be finite integers")
+    if q.symmetric:  # type: ignore[attr-defined]
+        want = offset_from_range(enc.scale, enc.scale, q.grid, True)  # type: ignore[attr-defined]
+        if not torch.equal(offset.float(), torch.broadcast_to(want, offset.shape).float()):
+            raise ValueError(f"{where}: a symmetric quantizer needs the symmetric offset {want.flatten()[0].item()}")
+
+
+def _parse_entry(name: str, entry: Any) -> AffineEncoding | FloatEncoding:
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"encodings[{name!r}] must be a mapping, got {type(entry).__name__}")
+    kind = entry.get("type")
+    body = {k: v for k, v in entry.items() if k != "type"}
+    try:
+        if kind == "affine":
+            enc: AffineEncoding | FloatEncoding = AffineEncoding.from_dict(body)
+        elif kind == "float":
+            enc = FloatEncoding.from_dict(body)
+        else:
+            raise ValueError(f"'type' must be 'affine' or 'float', got {kind!r}")
+        scale = enc.scale
+        if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+            raise ValueError("scales must be finite and positive")
+    except (TypeError, ValueError, KeyError, OverflowError) as e:  # OverflowError: int(inf) in a shape
+        raise ValueError(f"encodings[{name!r}]: {e}") from None
+    return enc
