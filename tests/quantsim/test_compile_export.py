@@ -298,3 +298,88 @@ def test_float_op_equals_eager_kernel_with_gradients():
 def test_ops_reject_mismatched_offset():
     with pytest.raises(ValueError, match="offset shape"):
         torch.ops.quanta.quantize_dequantize(torch.randn(4, 8), torch.rand(4, 1), torch.zeros(1, 8), 0, 255, None)
+
+
+# ------------------------------------------------------------------------ captured transformers (the zoo)
+# Real captured sims (torch.export graphs of transformers models, keyword inputs), built and calibrated as
+# tests/quantsim/test_zoo.py builds them: the sim's GraphModule compiles and exports as a whole.
+_ZOO: dict[str, object] = {}
+
+
+def _zoo(name: str):
+    if name not in _ZOO:
+        from zoo_models import simulate
+
+        _ZOO[name] = simulate(name)
+    return _ZOO[name]
+
+
+def _zoo_inputs(z, seed: int = 2) -> dict:
+    from zoo_models import EVALUATION
+
+    torch.manual_seed(seed)
+    return z.inputs(*EVALUATION)
+
+
+@pytest.mark.parametrize("name", ["bert", "llama", "resnet"])
+def test_zoo_sim_exports_bit_identical(name):
+    z = _zoo(name)
+    model, x = z.sim.model.eval(), _zoo_inputs(z)
+    ep = torch.export.export(model, (), x, strict=False)
+    assert "quanta.quantize_dequantize.default" in {str(n.target) for n in ep.graph.nodes}
+    with torch.no_grad():
+        assert _bits_equal(ep.module()(**x)[z.key], model(**x)[z.key])
+
+
+def test_zoo_sim_compiles_fullgraph():
+    """BERT's sim compiles with no graph break. Through AOTAutograd (``aot_eager``) it is bit-identical: the
+    quantizers are opaque ops running the eager kernels. Inductor generates its own code for LayerNorm, softmax,
+    GELU and tanh, whose values differ from the eager ATen kernels' in the last bits (the float model's compiled
+    outputs differ from its eager ones the same way); a quantizer hides such a difference unless the value lies on
+    a rounding boundary, where it becomes one step of that quantizer: a few elements of the output, by one step
+    of the final LayerNorm's (16-bit) output quantizer."""
+    z = _zoo("bert")
+    model, x = z.sim.model.eval(), _zoo_inputs(z)
+    with torch.no_grad():
+        eager = model(**x)[z.key]
+        exact = torch.compile(model, fullgraph=True, backend="aot_eager")(**x)[z.key]
+        torch._dynamo.reset()
+        inductor = torch.compile(model, fullgraph=True)(**x)[z.key]
+    assert _bits_equal(exact, eager)
+    step = float(dict(model.named_modules())["encoder.layer.1.output.LayerNorm"].output_quantizers[0].get_scale())
+    differ = inductor != eager
+    assert differ.float().mean() < 0.01
+    torch.testing.assert_close(inductor, eager, rtol=0, atol=step * 1.001)
+
+
+@pytest.mark.parametrize("name", ["bert", "resnet"])
+def test_zoo_qat_step_compiled_same_loss_and_gradients(name):
+    """A training step (dropout on, BatchNorm in training mode) under ``torch.compile(fullgraph=True)``
+    (``aot_eager``): the eager loss, gradients and BatchNorm statistics, bit for bit. Parameters whose output
+    the loss does not use (BERT's pooler) get zero gradients there and None in eager mode.
+
+    ResNet's BatchNorms get ``momentum=0.1``: the zoo settles their statistics with ``momentum=None`` (a
+    cumulative average), whose factor ``1 / num_batches_tracked`` no tracer can take (torch's own BatchNorm
+    fails the same way under ``fullgraph=True``)."""
+    z = _zoo(name)
+    x = _zoo_inputs(z)
+    with torch.no_grad():
+        target = torch.randn(z.sim.model.eval()(**x)[z.key].shape, generator=torch.Generator().manual_seed(4))
+    eager = copy.deepcopy(z.sim.model).train()
+    for m in eager.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = 0.1
+    traced = copy.deepcopy(eager)
+    compiled = torch.compile(traced, fullgraph=True, backend="aot_eager")
+    losses = []
+    for model in (eager, compiled):
+        torch.manual_seed(7)  # the same dropout masks
+        loss = F.mse_loss(model(**x)[z.key], target)
+        loss.backward()
+        losses.append(loss.detach())
+    assert _bits_equal(*losses)
+    ge, gt = _grads(eager), _grads(traced)
+    assert ge and set(ge) <= set(gt) and all(not gt[n].any() for n in set(gt) - set(ge))
+    assert all(_bits_equal(ge[n], gt[n]) for n in ge), [n for n in ge if not _bits_equal(ge[n], gt[n])]
+    for (n, a), (_, b) in zip(eager.named_buffers(), traced.named_buffers()):
+        assert _bits_equal(a, b), n
