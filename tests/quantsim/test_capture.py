@@ -398,6 +398,16 @@ def test_gemma_norm_quick_gelu_weight_norm_and_slicing_modules_are_captured():
     float_conv = conv.to_float_module()  # weight norm kept: the same parametrization, the same values
     assert nn.utils.parametrize.is_parametrized(float_conv, "weight")
     torch.testing.assert_close(float_conv.weight, model.conv.weight)
+    # folded weights: the parametrization gives way to the fake-quantized values, bit for bit
+    expected = conv.param_quantizers["weight"](conv.weight).as_subclass(torch.Tensor).detach()
+    baked = QuantizationSimModel.get_original_model(sim.model, qdq_weights=True).get_submodule("conv")
+    assert type(baked) is nn.Conv1d and not nn.utils.parametrize.is_parametrized(baked)
+    assert torch.equal(baked.weight, expected)
+    with torch.no_grad():
+        before = sim.model(x)
+        sim.fold_param_quantizers()
+        assert torch.equal(sim.model.get_submodule("conv").weight, expected)
+        assert torch.equal(sim.model(x), before)  # the same forward, now without weight quantizers
 
 
 class _InPlaceAfterLinear(nn.Module):

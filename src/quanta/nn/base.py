@@ -70,10 +70,26 @@ def _parametrized_class(qcls: type, float_cls: type) -> type:
     quantized module computes its parametrized tensors from the same ``parametrizations``."""
     key = (qcls, float_cls)
     if key not in _PARAMETRIZED_CLASSES:
-        injected = {k: v for k, v in vars(float_cls).items()
-                    if k not in ("__module__", "__qualname__", "__doc__", "__dict__", "__weakref__")}
-        _PARAMETRIZED_CLASSES[key] = type(f"Parametrized{qcls.__name__}", (qcls,), injected)
+        _PARAMETRIZED_CLASSES[key] = type(f"Parametrized{qcls.__name__}", (qcls,), _class_dict(float_cls))
     return _PARAMETRIZED_CLASSES[key]
+
+
+def _class_dict(cls: type) -> dict[str, Any]:
+    return {k: v for k, v in vars(cls).items()
+            if k not in ("__module__", "__qualname__", "__doc__", "__dict__", "__weakref__")}
+
+
+def remove_parametrization(module: nn.Module, name: str) -> None:
+    """Make ``module``'s parametrized tensor ``name`` a plain parameter holding its current values
+    (``torch.nn.utils.parametrize.remove_parametrizations(..., leave_parametrized=True)``), touching no other
+    module.
+
+    torch's function deletes the tensor's property from the module's class, and a deep copy shares that class
+    with its original (so removing it on a copy would break the original): the module gets a class of its own
+    first."""
+    cls = type(module)
+    module.__class__ = type(cls.__name__, cls.__bases__, _class_dict(cls))
+    parametrize.remove_parametrizations(module, name, leave_parametrized=True)
 
 
 def assign_parameter(module: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -225,7 +241,8 @@ class QuantizationMixin:
         >>> type(back).__name__, back.weight is lin.weight
         ('Linear', True)
         """
-        base = self.__dict__.get("_parametrized_float_class") or _float_base(type(self))
+        parametrized = self.__dict__.get("_parametrized_float_class") if _parametrized_names(self) else None
+        base = parametrized or _float_base(type(self))  # None once the parametrizations are removed (folded)
         module = base.__new__(base)
         skip = {"_qparam_cache", "plain_outputs", "_parametrized_float_class"}
         module.__dict__.update({k: (v.copy() if isinstance(v, (dict, set)) else v)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from quanta.nn import QuantizationMixin
+from quanta.nn.base import _parametrized_names, remove_parametrization
 from quanta.nn.registry import quantized_class_for
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
@@ -209,16 +210,22 @@ def install(model: nn.Module, modules: Iterable[tuple[str, QuantizationMixin]],
 
 def fold_params(modules: Iterable[tuple[str, QuantizationMixin]], hint: str) -> None:
     """Replace each quantized parameter of ``modules`` (``(name, module)`` pairs) by its fake-quantized value
-    and remove its quantizer; RuntimeError (``hint`` says what to do) for an uninitialised quantizer."""
+    and remove its quantizer; RuntimeError (``hint`` says what to do) for an uninitialised quantizer.
+
+    A tensor computed by a parametrization (weight norm's ``weight``) becomes a plain parameter holding the
+    fake-quantized values: the parametrization is removed, since its originals (``g``, ``v``) cannot reproduce
+    grid values exactly (``g * v / ||v||`` rounds)."""
     for name, module in modules:
         for pname, q in list(module.param_quantizers.items()):
             if q is None:
                 continue
             if not q.is_initialized():
                 raise RuntimeError(f"{name}.param_quantizers.{pname} is not initialised; {hint}")
-            p = getattr(module, pname)
             with torch.no_grad():
-                p.copy_(q(p).as_subclass(torch.Tensor))
+                value = q(getattr(module, pname)).as_subclass(torch.Tensor)
+                if pname in _parametrized_names(module):
+                    remove_parametrization(module, pname)
+                getattr(module, pname).copy_(value)
             module.param_quantizers[pname] = None
 
 
