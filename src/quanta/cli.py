@@ -120,9 +120,11 @@ def _parsed(parse):  # a tools/ parser as an argparse type: its ValueError becom
 
 def _add_model_arguments(p: argparse.ArgumentParser, qm: Any, batch_help: str) -> None:
     """MODEL and the flags that say how to load it and batch its data (shared by quantize and bench)."""
+    from quanta.tools.model_files import check_model_class
+
     p.add_argument("model", metavar="MODEL",
                    help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
-    p.add_argument("--model-class", type=_parsed(qm.check_model_class),
+    p.add_argument("--model-class", type=_parsed(check_model_class),
                    metavar="MODULE:CLASS", help="the nn.Module class of a state dict, e.g. mypkg.nets:TinyNet")
     p.add_argument("--batch-size", type=_positive_int,
                    help=f"{batch_help} (default {qm.DEFAULT_BATCH_SIZE}, or a torch.export program's static "

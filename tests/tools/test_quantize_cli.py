@@ -372,7 +372,7 @@ class _Block(nn.Module):
 
 
 def test_lifted_program_quantizes_like_the_python_model(tmp_path):
-    from quanta.tools.quantize_model import _lift_exported, load_model
+    from quanta.tools.model_files import lift_program, load_model
 
     torch.manual_seed(0)
     model = nn.Sequential(_Block(), nn.Flatten(), nn.Linear(8 * 16, 4), nn.Softmax(-1)).eval()
@@ -382,7 +382,7 @@ def test_lifted_program_quantizes_like_the_python_model(tmp_path):
     x = torch.randn(6, 3, 4, 4)
     torch.export.save(torch.export.export(model, (x,)), tmp_path / "m.pt2")
     loaded = load_model(tmp_path / "m.pt2")
-    gm = _lift_exported(loaded.model, x)
+    gm = lift_program(loaded.model, x)
     assert sorted(gm.state_dict()) == sorted(model.state_dict())  # parameters keep their names
     kinds = {name: type(m).__name__ for name, m in gm.named_modules()}
     assert [kinds[n] for n in ("0.seq.0", "0.seq.1", "2")] == ["Conv2d", "BatchNorm2d", "Linear"]
