@@ -2,6 +2,7 @@
 
 from quanta.quantization.affine.functional import dequantize, quantize, quantize_dequantize
 from quanta.quantization.affine.quantizer import AffineQuantizerBase, Quantize, QuantizeDequantize
+from quanta.quantization.affine.grouped_block import GroupedBlockQuantizeDequantize
 from quanta.encodings.affine import AffineEncoding
 
 __all__ = [
@@ -11,5 +12,6 @@ __all__ = [
     "AffineQuantizerBase",
     "Quantize",
     "QuantizeDequantize",
+    "GroupedBlockQuantizeDequantize",
     "AffineEncoding",
 ]
