@@ -38,13 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 #: (importing module, imported module) -> why the import stays for now.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("quanta.kernels.affine", "quanta.kernels.ops"): (
-        "kernels.ops registers kernels.affine's eager functions as quanta:: torch.library custom ops, and "
-        "kernels.affine calls them back through ops' wrappers (import at its end). To end it: keep the eager "
-        "functions in one module, the registration in ops, and the entry points that pick an op in a third."),
-    ("quanta.kernels.float_cast", "quanta.kernels.ops"): "as kernels.affine -> kernels.ops (float_quantize_dequantize)",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

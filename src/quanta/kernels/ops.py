@@ -1,7 +1,7 @@
 """The fake-quant kernels as ``torch.library`` custom ops (namespace ``quanta``), for ``torch.compile`` and
 ``torch.export``.
 
-The kernels of :mod:`quanta.kernels.affine` and :mod:`quanta.kernels.float_cast` run a native library
+The kernels of :mod:`quanta.kernels.affine_impl` and :mod:`quanta.kernels.float_cast_impl` run a native library
 through :mod:`ctypes`, which neither Dynamo nor ``torch.export`` can trace. Registered as custom ops, each
 is one opaque node in a compiled or exported graph: its implementation is the kernel layer's own forward
 (native where it applies, eager PyTorch otherwise), so the bits are the same as in eager mode; a fake
@@ -37,7 +37,7 @@ tensor([0.0000, 0.0000, 0.2000, 1.5000])
 >>> torch.equal(quantize_dequantize(x, s, o, g), affine.quantize_dequantize(x, s, o, g))
 True
 
-Gradients are those of the eager kernels (see :mod:`quanta.kernels.affine`), computed by the same
+Gradients are those of the eager kernels (see :mod:`quanta.kernels.affine_impl`), computed by the same
 backward code. One difference: in eager mode a QDQ whose scale and offset need no gradient keeps a one-byte
 mask for backward; the custom op keeps a reference to its input and recomputes the mask (same values).
 """
@@ -51,8 +51,8 @@ import torch
 
 from quanta.grids.affine import IntegerGrid
 from quanta.grids.float import FloatFormat, SpecialValues
-from quanta.kernels import affine as _affine
-from quanta.kernels import float_cast as _float
+from quanta.kernels import affine_impl as _affine
+from quanta.kernels import float_cast_impl as _float
 from quanta.kernels.blocks import BlockLayout, resolve_layout
 
 __all__ = ["quantize_dequantize", "quantize", "dequantize", "float_quantize_dequantize"]
@@ -149,7 +149,7 @@ _q_op.register_autograd(_affine_backward(_Q), setup_context=_setup_affine)
 
 # -- affine DQ -----------------------------------------------------------------------------------------------
 def _dq_compute_dtype(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.dtype:
-    # as quanta.kernels.affine.dequantize
+    # as quanta.kernels.affine_impl.dequantize
     wide = q.dtype in (torch.float64, torch.int32, torch.int64, torch.uint32, torch.uint64)
     return torch.float64 if wide or torch.float64 in (scale.dtype, offset.dtype) else torch.float32
 
@@ -261,7 +261,7 @@ def _float_backward(ctx, grad):
 _float_qdq_op.register_autograd(_float_backward, setup_context=_setup_float)
 
 
-# -- Python entry points (what the kernel functions call while compiling) ------------------------------------------
+# -- Python entry points (what kernels.affine and kernels.float_cast call while compiling) ----------------------
 def _block_arg(block_size: Sequence[int] | None) -> list[int] | None:
     return None if block_size is None else list(block_size)
 
