@@ -49,8 +49,10 @@ def test_mx_formats(fmt, maximum, values):
 
 
 def test_from_aimet_conventions():
-    assert FloatFormat.from_aimet(4, 3) == FloatFormat(4, 3, SpecialValues.IEEE)
-    assert FloatFormat.from_aimet(4, 3).max == 240.0  # IEEE-like e4m3, as AIMET
+    assert FloatFormat.from_aimet(4, 3) == FloatFormat(4, 3, SpecialValues.AIMET)
+    assert FloatFormat.from_aimet(4, 3).max == 240.0  # IEEE's largest e4m3 value, as AIMET
+    assert FloatFormat.from_aimet(5, 2) == FLOAT8_E5M2  # torch has the dtype: AIMET casts
+    assert FloatFormat.from_aimet(5, 10) == FLOAT16 and FloatFormat.from_aimet(8, 7) == BFLOAT16
     assert FloatFormat.from_aimet(4, 3, finite=True) == FLOAT8_E4M3FN
     assert FloatFormat.from_aimet(4, 3, finite=True, unsigned_zero=True) == FLOAT8_E4M3FNUZ
     assert FloatFormat.from_aimet(5, 2, finite=True, unsigned_zero=True) == FLOAT8_E5M2FNUZ
@@ -76,3 +78,29 @@ def test_presets_named():
     assert PRESETS["float4_e2m1"] is FP4_E2M1
     assert set(PRESETS) >= {"float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float6_e3m2", "float6_e2m3",
                             "bfloat16", "float16"}
+
+
+@pytest.mark.parametrize("e, m", [(e, m) for e in range(1, 9) for m in range(0, 8)])
+def test_aimet_grid_is_ieee_one_binade_lower(e, m):
+    """AIMET's ``(e, m)`` grid (aimet-torch's ``fake_cast_to_ieee_float``): IEEE's largest value, bias
+    ``2**(e-1)``, every code a number; where IEEE has the format, it holds IEEE's values and one more binade."""
+    fmt = FloatFormat.from_aimet(e, m)
+    if fmt.torch_dtype is not None:
+        assert fmt.special is SpecialValues.IEEE
+        return
+    assert fmt.special is SpecialValues.AIMET and not fmt.has_nan and fmt.has_negative_zero
+    assert fmt.bias == 2 ** (e - 1) and fmt.max == (2 - 2.0**-m) * 2.0 ** (2 ** (e - 1) - 1)
+    assert fmt.min_subnormal == 2.0 ** (1 - 2 ** (e - 1) - m)
+    if e >= 2 and fmt.bits <= 16:
+        ieee = FloatFormat(e, m, SpecialValues.IEEE)
+        assert ieee.max == fmt.max
+        assert set(ieee.finite_values().tolist()) < set(fmt.finite_values().tolist())
+        assert fmt.min_normal == ieee.min_normal / 2
+
+
+def test_aimet_e2m1_values_relative_to_max():
+    """The grid of issue 16: ``{0, 1/12, 1/6, 1/4, 1/3, 1/2, 2/3, 1} * maxval``."""
+    fmt = FloatFormat.from_aimet(2, 1)
+    rel = [v / fmt.max for v in fmt.finite_values().tolist()[8:]]  # +0.0 and up
+    assert rel == [0, 1 / 12, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 2 / 3, 1]
+    assert fmt.name() == "float4_e2m1_aimet"

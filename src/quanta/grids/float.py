@@ -11,14 +11,21 @@ plus how the format spends its special codes (:class:`SpecialValues`):
   ``max = (2 - 2**-m) * 2**(2**e - 1 - bias)``.
 * ``UNSIGNED_ZERO``: no inf, no negative zero; its code is NaN (float8_e4m3fnuz,
   float8_e5m2fnuz), and the bias is one larger.
+* ``AIMET``: AIMET's grid for ``FloatQuantizeDequantize(e, m)`` (not ``finite``)
+  when torch has no such dtype: IEEE's largest value, but every code is a number
+  (no inf/NaN) and the bias is one larger, so the grid reaches one binade lower
+  than IEEE's (e2m1: ``{0, 1/4, 1/2, 3/4, 1, 3/2, 2, 3}``);
+  ``max = (2 - 2**-m) * 2**(2**e - 1 - bias)``, the same as IEEE's.
 
-``bias = 2**(e-1) - 1`` (``2**(e-1)`` for UNSIGNED_ZERO). Subnormals are always
-present: the smallest step is ``2**(1 - bias - m)``.
+``bias = 2**(e-1) - 1`` (``2**(e-1)`` for UNSIGNED_ZERO and AIMET). Subnormals are
+always present: the smallest step is ``2**(1 - bias - m)``.
 
 >>> FLOAT8_E4M3FN.max, FLOAT8_E5M2.max, FLOAT8_E4M3FNUZ.max, FP4_E2M1.max, FP6_E3M2.max
 (448.0, 57344.0, 240.0, 6.0, 28.0)
 >>> FloatFormat.from_aimet(4, 3, finite=True, unsigned_zero=False) == FLOAT8_E4M3FN
 True
+>>> FloatFormat.from_aimet(2, 1).finite_values()[8:].tolist()
+[0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0]
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class SpecialValues(enum.Enum):
     FINITE_NAN = "fn"
     FINITE = "finite"
     UNSIGNED_ZERO = "fnuz"
+    AIMET = "aimet"
 
 
 @dataclass(frozen=True)
@@ -85,11 +93,18 @@ class FloatFormat:
     @classmethod
     def from_aimet(cls, exponent_bits: int, mantissa_bits: int, finite: bool = False,
                    unsigned_zero: bool = False) -> "FloatFormat":
-        """AIMET's ``(exponent_bits, mantissa_bits, finite, unsigned_zero)`` description.
+        """The format AIMET gives ``(exponent_bits, mantissa_bits, finite, unsigned_zero)``.
 
         ``finite=True`` means no inf: for 8-bit and wider formats the all-ones code
         is NaN (OCP ``e4m3fn``); narrower ones have no NaN at all (OCP MX fp6/fp4).
         ``unsigned_zero=True`` (with ``finite=True``) is the ``fnuz`` convention.
+        Not ``finite``: torch's IEEE dtype where there is one (float16, bfloat16,
+        float8_e5m2: AIMET casts to it), else AIMET's own grid (:attr:`SpecialValues.AIMET`:
+        aimet-torch's ``fake_cast_to_ieee_float``, whose bias comes out one larger
+        than IEEE's).
+
+        >>> FloatFormat.from_aimet(4, 3).min_subnormal, FloatFormat.from_aimet(5, 2) == FLOAT8_E5M2
+        (0.0009765625, True)
         """
         for name, v in (("finite", finite), ("unsigned_zero", unsigned_zero)):
             if not isinstance(v, bool):
@@ -101,7 +116,8 @@ class FloatFormat:
         elif finite:
             special = SpecialValues.FINITE_NAN if 1 + exponent_bits + mantissa_bits >= 8 else SpecialValues.FINITE
         else:
-            special = SpecialValues.IEEE
+            ieee = cls(exponent_bits, mantissa_bits, SpecialValues.IEEE) if exponent_bits >= 2 else None
+            special = SpecialValues.IEEE if ieee is not None and ieee.torch_dtype is not None else SpecialValues.AIMET
         return cls(exponent_bits, mantissa_bits, special)
 
     @classmethod
@@ -129,7 +145,7 @@ class FloatFormat:
     @property
     def bias(self) -> int:
         b = 2 ** (self.exponent_bits - 1) - 1
-        return b + 1 if self.special is SpecialValues.UNSIGNED_ZERO else b
+        return b + 1 if self.special in (SpecialValues.UNSIGNED_ZERO, SpecialValues.AIMET) else b
 
     @property
     def emin(self) -> int:
@@ -163,7 +179,8 @@ class FloatFormat:
 
     @property
     def has_nan(self) -> bool:
-        return self.special is not SpecialValues.FINITE
+        """Whether a code means NaN (every format's kernels keep a NaN input NaN regardless)."""
+        return self.special not in (SpecialValues.FINITE, SpecialValues.AIMET)
 
     @property
     def has_negative_zero(self) -> bool:
@@ -178,7 +195,7 @@ class FloatFormat:
         if self.torch_dtype is not None:
             return str(self.torch_dtype).removeprefix("torch.")
         suffix = {SpecialValues.IEEE: "", SpecialValues.FINITE_NAN: "fn", SpecialValues.FINITE: "",
-                  SpecialValues.UNSIGNED_ZERO: "fnuz"}[self.special]
+                  SpecialValues.UNSIGNED_ZERO: "fnuz", SpecialValues.AIMET: "_aimet"}[self.special]
         return f"float{self.bits}_e{self.exponent_bits}m{self.mantissa_bits}{suffix}"
 
     def finite_values(self) -> torch.Tensor:

@@ -35,7 +35,11 @@ class FloatQuantizeDequantize(FormatProperties, QuantizerBase):
         exponent_bits, mantissa_bits: the format (1–8 and 0–23 bits), or
         dtype: a torch float8/16 dtype (mutually exclusive with the bits).
         finite: no inf (``fn`` formats; 8-bit ones keep one NaN code, narrower
-            ones — MX fp6/fp4 — have none). Default False.
+            ones — MX fp6/fp4 — have none). Default False: torch's IEEE format
+            where torch has the dtype (float16, bfloat16, float8_e5m2), else
+            AIMET's grid for it (IEEE's largest value, one binade more at the
+            bottom: :attr:`~quanta.grids.float.SpecialValues.AIMET`), bit for bit
+            with aimet-torch 2.42.
         unsigned_zero: the ``fnuz`` convention (needs ``finite``). Default False.
         shape: shape of ``maxval`` (per tensor ``()``, per channel, per block).
         block_size: as for the affine quantizers.
