@@ -46,7 +46,7 @@ __all__ = ["inspect_file", "format_report", "NOT_RECOGNISED"]
 
 NOT_RECOGNISED = "not an encodings, ONNX or safetensors file"
 _QUANTA_FORMAT = "quanta.quantsim.encodings"
-_WEIGHTS_KEY = "quanta.encodings"  # written by ``quanta quantize`` (tools/quantize_model.py)
+_WEIGHTS_KEY = "quanta.encodings"  # weight_files.WEIGHTS_METADATA_KEY, repeated: that module imports torch
 _MAX_SAFETENSORS_HEADER = 100_000_000  # safetensors' own limit
 
 
