@@ -316,3 +316,11 @@ def test_in_a_subprocess(files):
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"quanta inspect: error: {garbage}: {NOT_RECOGNISED}")
+
+
+def test_weights_metadata_key_is_the_writers():
+    # inspect_file repeats the key to stay free of torch at import; the two must not drift apart
+    import quanta.tools.inspect_file as inspect_module
+    from quanta.tools.weight_files import WEIGHTS_METADATA_KEY
+
+    assert inspect_module._WEIGHTS_KEY == WEIGHTS_METADATA_KEY
