@@ -41,10 +41,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _cases():
-    two_bit = pytest.mark.xfail(strict=True, reason="AIMET's 2-bit symmetric MinMax range (one extra positive "
-                                "step when num_steps == 3): issue 16's numerics fix, not landed yet")
-    return [pytest.param(c, id=c["name"], marks=[two_bit] if c["bitwidth"] == 2 else [])
-            for c in GOLDEN["cases"]]
+    return [pytest.param(c, id=c["name"]) for c in GOLDEN["cases"]]
 
 
 @pytest.mark.parametrize("case", _cases())

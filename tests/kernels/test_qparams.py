@@ -68,6 +68,18 @@ def test_calibrated_range_asymmetric_and_symmetric():
     assert lo.item() == pytest.approx(-128 * delta) and hi.item() == pytest.approx(127 * delta)
 
 
+def test_calibrated_range_positive_fit():
+    """``positive_fit`` steps for the observed maximum (AIMET's MinMax on a 3-step symmetric grid: 2)."""
+    lo, hi = calibrated_range(torch.tensor(-1.0), torch.tensor(3.0), 3, symmetric=True, positive_fit=2)
+    assert (lo.item(), hi.item()) == (-3.0, 1.5)
+    lo, hi = calibrated_range(torch.tensor(-4.0), torch.tensor(3.0), 3, symmetric=True, positive_fit=2)
+    assert (lo.item(), hi.item()) == (-4.0, 2.0)  # the negative end decides
+    lo, hi = calibrated_range(torch.tensor(0.0), torch.tensor(0.0), 3, symmetric=True, positive_fit=2)
+    assert hi.item() == pytest.approx(minimum_scale(3)) and lo.item() == pytest.approx(-2 * minimum_scale(3))
+    with pytest.raises(ValueError, match="positive_fit"):
+        calibrated_range(torch.tensor(0.0), torch.tensor(1.0), 3, symmetric=True, positive_fit=0)
+
+
 def test_calibrated_range_degenerate_widening():
     n = 255
     lo, hi = calibrated_range(torch.tensor(0.0), torch.tensor(0.0), n, symmetric=False)

@@ -48,6 +48,25 @@ def test_zero_is_always_inside():
     assert lo.item() == 0.0 and hi.item() == 3.0
 
 
+@pytest.mark.parametrize("qmin, qmax", [(-2, 1), (0, 3)])
+def test_two_bit_symmetric_range_clips_the_positive_end(qmin, qmax):
+    """AIMET's MinMax rule for 3 steps, symmetric: ``delta = max(max / 2, -min / 2)`` (issue 16's case);
+    the quantizer then spends all four codes on symmetric data."""
+    import quanta.quantization as Q
+
+    a = MinMaxEncodingAnalyzer(shape=())
+    a.update_stats(torch.tensor([2.0, 5.06]))
+    lo, hi = a.compute_encodings(num_steps=3, is_symmetric=True)
+    assert (lo.item(), hi.item()) == (torch.tensor(-5.06).item(), torch.tensor(2.53).item())
+    lo, hi = a.compute_encodings(num_steps=2, is_symmetric=True)  # strict symmetric: no special rule
+    assert (lo.item(), hi.item()) == (torch.tensor(-5.06).item(), torch.tensor(5.06).item())
+    q = Q.affine.QuantizeDequantize((), qmin=qmin, qmax=qmax, symmetric=True)
+    with q.compute_encodings():
+        q(torch.tensor([-1.0, -0.4, 0.3, 1.0]))
+    assert q.get_scale().item() == 0.5
+    assert q(torch.tensor([-1.0, -0.4, 0.3, 1.0])).tolist() == [-1.0, -0.5, 0.5, 0.5]
+
+
 def test_dynamic_encodings_leave_running_stats_alone():
     a = MinMaxEncodingAnalyzer(shape=())
     a.update_stats(torch.tensor([-1.0, 1.0]))

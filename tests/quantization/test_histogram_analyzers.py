@@ -322,7 +322,8 @@ def test_minmax_matches_the_design_formulas():
                         mn = np.float32(mn - math.ceil(n / 2) * np.float32(s_min))
                 if symmetric:
                     pos, neg = n // 2, math.ceil(n / 2)
-                    delta = -mn / np.float32(neg) if pos == 0 else max(mx / np.float32(pos), -mn / np.float32(neg))
+                    fit = 2 if n == 3 else pos  # AIMET's 2-bit rule: the maximum fitted into 2 of 3 steps
+                    delta = -mn / np.float32(neg) if pos == 0 else max(mx / np.float32(fit), -mn / np.float32(neg))
                     mn, mx = np.float32(-neg * delta), np.float32(pos * delta)
                 assert (got[0].item(), got[1].item()) == (float(mn), float(mx)), (n, symmetric)
 

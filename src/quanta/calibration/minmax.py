@@ -29,7 +29,11 @@ class MinMaxEncodingAnalyzer(EncodingAnalyzer[MinMaxStats]):
     to the minimum scale and, if symmetric, centres the range on the grid:
     ``delta = max(max / floor(N/2), -min / ceil(N/2))``,
     ``min = -ceil(N/2) * delta``, ``max = floor(N/2) * delta``
-    (:func:`quanta.kernels.qparams.calibrated_range`).
+    (:func:`quanta.kernels.qparams.calibrated_range`). As AIMET's, for a 3-step
+    symmetric grid (2-bit) ``delta = max(max / 2, -min / 2)``: the positive end
+    is clipped so that symmetric data use all four codes instead of leaving the
+    most negative one empty (data ``[2.0, 5.06]`` give ``[-5.06, 2.53]``, not
+    ``[-10.12, 5.06]``).
 
     Non-finite inputs (NaN, +-inf) are left out of the statistics, with a warning.
 
@@ -80,4 +84,4 @@ class MinMaxEncodingAnalyzer(EncodingAnalyzer[MinMaxStats]):
         # A slice that saw only non-finite values keeps +inf/-inf here: treat it as empty (zero range).
         lo = torch.where(torch.isfinite(stats.min), stats.min, 0.0)
         hi = torch.where(torch.isfinite(stats.max), stats.max, 0.0)
-        return calibrated_range(lo, hi, num_steps, is_symmetric)
+        return calibrated_range(lo, hi, num_steps, is_symmetric, positive_fit=2 if num_steps == 3 else None)

@@ -148,7 +148,7 @@ def range_for_encoding(
 
 
 def calibrated_range(
-    min: torch.Tensor, max: torch.Tensor, num_steps: int, symmetric: bool
+    min: torch.Tensor, max: torch.Tensor, num_steps: int, symmetric: bool, *, positive_fit: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn observed statistics into a quantizer range (MinMax calibration, as AIMET).
 
@@ -158,17 +158,26 @@ def calibrated_range(
     * widen degenerate ranges, where ``(max - min) / N < s_min``: asymmetric
       ``max += N * s_min``; symmetric ``max += floor(N/2) * s_min``,
       ``min -= ceil(N/2) * s_min``;
-    * symmetric: ``delta = max(max / floor(N/2), -min / ceil(N/2))``,
-      ``min = -ceil(N/2) * delta``, ``max = floor(N/2) * delta``;
+    * symmetric: ``delta = max(max / P, -min / ceil(N/2))``,
+      ``min = -ceil(N/2) * delta``, ``max = floor(N/2) * delta``, where ``P`` is
+      ``positive_fit`` if given, else ``floor(N/2)``: the number of steps the observed
+      maximum is fitted into. AIMET's MinMax fits it into 2 steps of a 3-step grid
+      (2-bit), clipping the positive end so that symmetric data use every code
+      (:class:`~quanta.calibration.minmax.MinMaxEncodingAnalyzer`);
     * clamp to the finite range of the dtype.
 
     >>> calibrated_range(torch.tensor(-0.5), torch.tensor(0.375), 255, symmetric=True)
     (tensor(-0.5000), tensor(0.4961))
     >>> calibrated_range(torch.tensor(0.0), torch.tensor(0.0), 255, symmetric=False)[1] == 255 * minimum_scale(255)
     tensor(True)
+    >>> calibrated_range(torch.tensor(2.0), torch.tensor(5.0), 3, symmetric=True, positive_fit=2)
+    (tensor(-5.), tensor(2.5000))
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be positive, got {num_steps}")
+    if positive_fit is not None and (isinstance(positive_fit, bool) or not isinstance(positive_fit, int)
+                                     or positive_fit < 1):
+        raise ValueError(f"positive_fit must be a positive int, got {positive_fit!r}")
     dtype = torch.promote_types(min.dtype, torch.float32)
     min = torch.clamp_max(min.to(dtype), 0)
     max = torch.clamp_min(max.to(dtype), 0)
@@ -179,7 +188,8 @@ def calibrated_range(
         max = torch.where(degenerate, max + pos * s_min, max)
         min = torch.where(degenerate, min - neg * s_min, min)
         # a 1-step signed grid [-1, 0] has no positive codes: only the negative side counts
-        delta = -min / neg if pos == 0 else torch.maximum(max / pos, -min / neg)
+        fit = pos if positive_fit is None else positive_fit
+        delta = -min / neg if pos == 0 else torch.maximum(max / fit, -min / neg)
         min, max = -neg * delta, pos * delta
     else:
         max = torch.where(degenerate, max + num_steps * s_min, max)
