@@ -32,21 +32,6 @@ def ids(cases):
     return [c["id"] for c in cases]
 
 
-# Matched once the kernels change lands (src/quanta/kernels is being restructured meanwhile).
-PENDING = {
-    **{f"b2_{s}_sym_{g}": "AIMET's 2-bit symmetric MinMax rule (kernels.qparams.calibrated_range)"
-       for s in "us" for g in ("tensor", "channel", "block")},
-    **{f"e{e}m0": "AIMET's ties with 0 mantissa bits (kernels.float_cast)" for e in range(2, 7)},
-    "e8m3": "the native float32 path below 2**-126 (kernels.native)",
-    "e8m4": "the native float32 path below 2**-126 (kernels.native)",
-}
-
-
-def pending(cases):
-    return [pytest.param(c, marks=pytest.mark.xfail(reason=PENDING[c["id"]], strict=True)) if c["id"] in PENDING
-            else c for c in cases]
-
-
 def scale_shape(gran):
     return {"tensor": (), "channel": (SHAPE[0], 1), "block": (SHAPE[0], SHAPE[1] // BLOCK)}[gran]
 
@@ -132,7 +117,7 @@ def test_one_step_symmetric_calibration(case):
     same_bits(q.min, torch.minimum(lo.reshape(q.min.shape), torch.tensor(0.0)))
 
 
-@pytest.mark.parametrize("case", pending(MODULES), ids=ids(MODULES))
+@pytest.mark.parametrize("case", MODULES, ids=ids(MODULES))
 def test_minmax_calibration_bit_for_bit(case):
     gran = case["gran"]
     batches = calibration_batches(case["seed"], SHAPE, 4)
@@ -252,7 +237,7 @@ def float_qdq(q, x, scale):
     return FloatEncoding(scale.reshape(q.maxval.shape), q.format, q.block_size).quantize_dequantize(x)
 
 
-@pytest.mark.parametrize("case", pending(FLOAT), ids=ids(FLOAT))
+@pytest.mark.parametrize("case", FLOAT, ids=ids(FLOAT))
 def test_float_format_over_its_whole_range(case):
     x = float_input(case["seed"], case["n"], case["lowest"], case["highest"], case["mantissa_bits"])
     assert digest(x) == case["input"]

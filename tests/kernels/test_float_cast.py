@@ -31,12 +31,17 @@ SMALL = [FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FNUZ, FLOAT8_E5M2FNUZ, FP6_E3M2,
          FloatFormat(3, 4, SpecialValues.IEEE), FloatFormat(1, 2, SpecialValues.FINITE),
          # no mantissa bits: ties between exponent codes
          FloatFormat(3, 0, SpecialValues.FINITE), FloatFormat(4, 0, SpecialValues.UNSIGNED_ZERO),
-         FloatFormat(2, 0, SpecialValues.IEEE)]
+         FloatFormat(2, 0, SpecialValues.IEEE),
+         # AIMET's grids (one binade lower than IEEE; with 0 mantissa bits ties go up)
+         FloatFormat(2, 1, SpecialValues.AIMET), FloatFormat(4, 3, SpecialValues.AIMET),
+         FloatFormat(1, 2, SpecialValues.AIMET), FloatFormat(3, 0, SpecialValues.AIMET),
+         FloatFormat(1, 0, SpecialValues.AIMET)]
 TORCH = [FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FNUZ, FLOAT8_E5M2FNUZ, FLOAT16, BFLOAT16]
 
 
 def brute_force(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    """Nearest value of the format's value table; ties to the even code; saturating."""
+    """Nearest value of the format's value table; ties to the even code (up between powers of two, for
+    ``exponent_ties_up`` with 0 mantissa bits); saturating."""
     pos = fmt.finite_values()
     pos = pos[pos >= 0].unique()  # code i <-> pos[i]
     out = []
@@ -48,7 +53,12 @@ def brute_force(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
         d = (pos - a).abs()
         best = d.min()
         idx = (d == best).nonzero().flatten().tolist()
-        i = idx[0] if len(idx) == 1 else next(j for j in idx if j % 2 == 0)
+        if len(idx) == 1:
+            i = idx[0]
+        elif fmt.exponent_ties_up and fmt.mantissa_bits == 0 and idx[0] != 0:
+            i = idx[-1]  # between two powers of two: up (between 0 and the smallest, 0 is the even code)
+        else:
+            i = next(j for j in idx if j % 2 == 0)
         r = pos[i].item()
         if r == 0 and (v < 0 or (v == 0 and math.copysign(1, v) < 0)) and fmt.has_negative_zero:
             out.append(-0.0)
@@ -169,6 +179,19 @@ def test_native_and_eager_qdq_agree(fmt, dtype):
     with native.disabled():
         slow = K.quantize_dequantize(x, s, fmt, (-1, 16))
     assert same(fast, slow) and fast.dtype == dtype
+
+
+@pytest.mark.parametrize("mbits", [0, 1, 3, 7])
+@pytest.mark.parametrize("special", [SpecialValues.AIMET, SpecialValues.UNSIGNED_ZERO])
+def test_bias_128_below_float32_normals(special, mbits):
+    """Formats with 8 exponent bits and bias 128 (AIMET's, fnuz) have normals below float32's smallest
+    (``[2**-127, 2**-126)``), where float32 is subnormal: every float32 pattern there rounds as in float64."""
+    fmt = FloatFormat(8, mbits, special)
+    x = torch.arange(0, 2**24, 997, dtype=torch.int32).view(torch.float32)  # float32 subnormals, up to 2**-126
+    x = torch.cat([x, -x, torch.tensor([2.0**-127 * (1 + k / 2 ** (mbits + 1)) for k in range(2 ** (mbits + 1))])])
+    expected = K.fake_cast(x.double(), fmt).float()  # float64: every input normal
+    assert same(K.quantize_dequantize(x, torch.tensor(1.0), fmt), expected)
+    assert same(K.fake_cast(x, fmt), expected)
 
 
 def test_bad_input():

@@ -186,6 +186,16 @@ class FloatFormat:
     def has_negative_zero(self) -> bool:
         return self.special is not SpecialValues.UNSIGNED_ZERO
 
+    @property
+    def exponent_ties_up(self) -> bool:
+        """With 0 mantissa bits, whether a tie ``1.5 * 2**k`` goes up to ``2**(k+1)``.
+
+        IEEE's ties-to-even takes the even code (the even exponent); AIMET rounds the
+        significand 1.5 half to even, i.e. up (as torch's float8_e8m0fnu cast does).
+        True for :attr:`SpecialValues.AIMET` only; with mantissa bits the rules agree.
+        """
+        return self.special is SpecialValues.AIMET
+
     def name(self) -> str:
         """``float8_e4m3fn``-style name (torch's name where torch has the dtype).
 

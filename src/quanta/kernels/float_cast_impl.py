@@ -4,7 +4,8 @@ The only code in quanta that rounds to float formats::
 
     cast(v)   = clamp(round_half_even(v / 2**k) * 2**k, -max, max)
                 with k = max(floor(log2 |v|), emin) - mantissa_bits
-                (ties go to the even code; with 0 mantissa bits that is the even exponent)
+                (ties go to the even code; with 0 mantissa bits that is the even exponent,
+                except for AIMET's grids, whose ties go up: FloatFormat.exponent_ties_up)
     QDQ(x)    = cast(x / s) * s                       (s = maxval / format max)
 
 Multiplying and dividing by ``2**k`` is exact, so the only rounding is the one
@@ -66,9 +67,9 @@ def fake_cast(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     step = torch.ldexp(torch.ones_like(d), k)
     t = d / step
     r = torch.round(t)
-    if fmt.mantissa_bits == 0:
+    if fmt.mantissa_bits == 0 and not fmt.exponent_ties_up:
         # Without mantissa bits a tie (1.5 * 2**e) lies between two exponent codes; ties to even
-        # means the even code, which torch.round's "even integer" (always 2) does not give.
+        # means the even code, which torch.round's "even integer" (always 2, AIMET's rule) does not give.
         down = (t.abs() == 1.5) & ((e + fmt.bias) % 2 == 0)
         r = torch.where(down, torch.sign(t), r)
     out = r * step
@@ -86,7 +87,8 @@ def forward_raw(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, layout: 
     if psb is not None and native.library() is not None:
         flat = scale.detach().to(cdt).contiguous().reshape(-1)
         y, mask = native.float_forward(x.detach(), psb, flat, fmt.emin, fmt.emax, fmt.mantissa_bits, fmt.max,
-                                       not fmt.has_negative_zero, want_mask=want_mask)
+                                       not fmt.has_negative_zero, want_mask=want_mask,
+                                       exponent_ties_up=fmt.exponent_ties_up)
         return y.view(x.shape), None if mask is None else mask.view(x.shape)
     v, s = _scaled(x, scale, layout)
     out = layout.from_blocks(fake_cast(v, fmt) * s).to(x.dtype)

@@ -36,7 +36,7 @@ _DTYPE_CODE = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloa
 _SOURCE = pathlib.Path(__file__).with_name("affine.cpp")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared",
           "-std=c++17"]
-_ABI_VERSION = 8
+_ABI_VERSION = 9
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -274,9 +274,13 @@ def _finish(rc: int, y: torch.Tensor, mask: torch.Tensor | None, out: torch.Tens
 
 
 def float_forward(x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tensor, emin: int, emax: int,
-                  mbits: int, fmax: float, no_negative_zero: bool, *, want_mask: bool = False
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Float fake quantization ``cast(x / s) * s``; ``scale`` flat and contiguous in the compute dtype."""
+                  mbits: int, fmax: float, no_negative_zero: bool, *, want_mask: bool = False,
+                  exponent_ties_up: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Float fake quantization ``cast(x / s) * s``; ``scale`` flat and contiguous in the compute dtype.
+
+    ``exponent_ties_up``: with 0 mantissa bits a tie goes up, not to the even exponent
+    (:attr:`~quanta.grids.float.FloatFormat.exponent_ties_up`).
+    """
     lib = library()
     assert lib is not None
     xc = x if x.is_contiguous() else x.contiguous()
@@ -284,7 +288,8 @@ def float_forward(x: torch.Tensor, psb: tuple[int, int, int], scale: torch.Tenso
     mask = torch.empty_like(xc, dtype=torch.bool) if want_mask else None
     rc = lib.quanta_float_forward(_DTYPE_CODE[x.dtype], xc.data_ptr(), y.data_ptr(),
                                   None if mask is None else mask.data_ptr(), *psb, scale.data_ptr(), emin, emax,
-                                  mbits, float(fmax), int(no_negative_zero), torch.get_num_threads())
+                                  mbits, float(fmax), int(no_negative_zero) | (int(exponent_ties_up) << 1),
+                                  torch.get_num_threads())
     if rc:
         raise RuntimeError(f"quanta native float forward failed with code {rc}")
     return y, mask

@@ -118,11 +118,13 @@ constexpr int64_t kChunk = 16384;  // elements per forward work item
 enum Mode { QDQ = 0, Q = 1, DQ = 2, FLOAT_QDQ = 3, AMAX_FQ = 4, AMAX_Q = 5 };
 
 // A float format for FLOAT_QDQ: round to nearest even at step 2**(clamp(floor(log2|v|), emin, emax) - m),
-// saturate at +-fmax, NaN passes; no_neg_zero turns -0.0 into +0.0 (fnuz formats).
+// saturate at +-fmax, NaN passes; no_neg_zero turns -0.0 into +0.0 (fnuz formats); ties_up: with 0
+// mantissa bits a tie goes up to the next exponent (AIMET's grids) instead of to the even exponent.
 struct Fmt {
   int emin = 0, emax = 0, mbits = 0;
   double fmax = 0.0;
   int no_neg_zero = 0;
+  int ties_up = 0;
 };
 
 inline double pow2(int k) {  // exact 2**k for -1022 <= k <= 1023
@@ -143,7 +145,7 @@ inline C float_cast(C v, const Fmt& f) {
   const double t = d * pow2(-k);
   double rt = std::nearbyint(t);
   // with 0 mantissa bits a tie lies between two exponent codes: ties to even means the even code
-  if (f.mbits == 0 && std::fabs(t) == 1.5 && ((e + 1 - f.emin) & 1) == 0) rt = t > 0 ? 1.0 : -1.0;
+  if (f.mbits == 0 && !f.ties_up && std::fabs(t) == 1.5 && ((e + 1 - f.emin) & 1) == 0) rt = t > 0 ? 1.0 : -1.0;
   double r = rt * pow2(k);
   r = r > f.fmax ? f.fmax : (r < -f.fmax ? -f.fmax : r);
   if (f.no_neg_zero) r = r == 0.0 ? 0.0 : r;
@@ -152,8 +154,10 @@ inline C float_cast(C v, const Fmt& f) {
 
 // The same rounding for float inputs with integer arithmetic on the bit pattern (vectorizes):
 // normal range: round-to-nearest-even of the float32 pattern to m mantissa bits (the carry runs
-// into the exponent as it should); below the format's smallest normal: (|v| + c) - c with
-// c = 2**(emin - m + 23), whose float addition rounds |v| to a multiple of 2**(emin - m), ties even.
+// into the exponent as it should); below the format's smallest normal, and below float32's (a
+// subnormal pattern has no implicit bit to round at; formats with emin = -127, bias 128, reach
+// there): (|v| + c) - c with c = 2**(emin - m + 23), whose float addition rounds |v| to a multiple of
+// 2**(emin - m), ties even (for emin = -127 that is the step of [2**-127, 2**-126) too).
 struct FmtF {
   uint32_t drop_bits, half_minus_1, keep_mask, nan_or_inf;
   float min_normal, magic, fmax;
@@ -163,7 +167,7 @@ struct FmtF {
     half_minus_1 = drop_bits ? (1u << (drop_bits - 1)) - 1u : 0u;
     keep_mask = ~((1u << drop_bits) - 1u);
     nan_or_inf = 0x7F800000u;
-    min_normal = static_cast<float>(pow2(f.emin));
+    min_normal = static_cast<float>(pow2(f.emin < -126 ? -126 : f.emin));
     magic = static_cast<float>(pow2(f.emin - f.mbits + 23));
     fmax = static_cast<float>(f.fmax);
     no_neg_zero = f.no_neg_zero;
@@ -578,13 +582,15 @@ int quanta_affine_backward(int mode, int dtype, int wide, const void* g, const v
 
 // Float fake quantization cast(x / s) * s, computed in float (double for float64 storage).
 int quanta_float_forward(int dtype, const void* x, void* y, uint8_t* mask, int64_t P, int64_t S, int64_t B,
-                         const void* sc, int emin, int emax, int mbits, double fmax, int no_neg_zero, int nthreads) {
+                         const void* sc, int emin, int emax, int mbits, double fmax, int flags, int nthreads) {
+  // flags: bit 0 no_neg_zero, bit 1 ties_up (see Fmt)
   Fmt f;
   f.emin = emin;
   f.emax = emax;
   f.mbits = mbits;
   f.fmax = fmax;
-  f.no_neg_zero = no_neg_zero;
+  f.no_neg_zero = flags & 1;
+  f.ties_up = (flags >> 1) & 1;
   if (dtype == 0) {
     auto s = static_cast<const float*>(sc);
     forward<F32, float, FLOAT_QDQ>(static_cast<const float*>(x), static_cast<float*>(y), mask, P, S, B, s, s, 0.f,
@@ -613,6 +619,6 @@ int quanta_masked_copy(int element_size, const void* g, const uint8_t* mask, voi
   return 0;
 }
 
-int quanta_abi_version() { return 8; }
+int quanta_abi_version() { return 9; }
 
 }  // extern "C"
