@@ -216,7 +216,16 @@ def test_int4_cpu_layout_matches_primitives(n, k, group, target, dtype):
     assert torch.equal(aqt.dequantize(), expected)
 
 
-@pytest.mark.parametrize("n, k, group", [(8, 64, 32), (16, 48, 32), (16, 64, 16)])
+@pytest.mark.parametrize("n, k", [(8, 64), (7, 96), (1, 32)])
+def test_int4_cpu_layout_takes_any_number_of_rows(n, k):
+    x = randn(n, k)
+    aqt = AffineQuantizedTensor.from_hp_to_intx(x, ASYM, (1, 32), torch.int32, 0, 15, zero_point_dtype=torch.float32,
+                                                preserve_zero=False, zero_point_domain=FLOAT, _layout=Int4CPULayout())
+    y = torch.nn.functional.linear(torch.randn(3, k), aqt)
+    assert y.shape == (3, n)
+
+
+@pytest.mark.parametrize("n, k, group", [(16, 48, 32), (16, 64, 16)])
 def test_int4_cpu_layout_rejects_shapes_the_kernel_cannot_take(n, k, group):
     with pytest.raises(ValueError):
         AffineQuantizedTensor.from_hp_to_intx(randn(n, k), ASYM, (1, group), torch.int32, 0, 15,

@@ -5,7 +5,7 @@ A layout says how the codes are kept in memory, nothing about their values:
 packed densely, 8 codes in ``bits`` bytes), ``Float8Layout`` (torch float8
 elements), ``FloatxTensorCoreLayout`` (fpx codes of ``1 + ebits + mbits`` bits,
 packed like ``UintxLayout``) and ``Int4CPULayout`` (the packed int4 format of
-``torch.ops.aten._weight_int4pack_mm_for_cpu``). Layouts are frozen value
+quanta's CPU kernel, :func:`quanta.kernels.int_linear.pack_int4_cpu`). Layouts are frozen value
 objects, so they compare by value and are safe to share.
 
 >>> UintxLayout(torch.uint4)
@@ -130,7 +130,7 @@ class FloatxTensorCoreLayout(Layout):
 
 @dataclass(frozen=True)
 class Int4CPULayout(Layout):
-    """Packed uint4 codes for ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (2-D weights only).
+    """Packed uint4 codes for quanta's int4 CPU kernel (:func:`quanta.kernels.int_linear.int4_cpu_linear`; 2-D weights only).
 
     Holds ``(code - 8) * scale + zero`` weights (zero point in the float domain,
     torchao's tinygemm convention) with one scale/zero per ``group_size``

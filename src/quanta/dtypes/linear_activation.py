@@ -3,7 +3,7 @@
 At each ``F.linear(x, w)``, ``x`` is quantized to int8 per token (one scale per
 row of ``x``, symmetric ``[-127, 127]`` or asymmetric with a zero point, as
 torchao's ``Int8DynamicActivationInt8WeightConfig``), multiplied with the int8
-weight by ``torch._int_mm`` (int32 accumulation) and rescaled:
+weight by quanta's integer kernel (int32 accumulation) and rescaled:
 ``y = s_x * s_w * (q_x @ q_w.T - z_x * colsum(q_w))``. The weight's column sums
 (for the asymmetric case) are computed once, when the tensor is built.
 
@@ -161,7 +161,7 @@ class LinearActivationQuantizedTensor(torch.Tensor):
         return dst
 
     def linear(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``F.linear(x, w, bias)`` for the weight ``w`` of shape (N, K), via int8 activations and ``torch._int_mm``."""
+        """``F.linear(x, w, bias)`` for the weight ``w`` of shape (N, K), via int8 activations and an integer matmul."""
         impl = self.original_weight_tensor.tensor_impl
         if x.dtype == torch.float64:  # activations become int8 anyway: run in float32, return float64
             return self.linear(x.to(torch.float32), None if bias is None else bias.to(torch.float32)).to(x.dtype)

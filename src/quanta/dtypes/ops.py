@@ -3,8 +3,8 @@
 Handled on the codes, without a float copy of the whole tensor:
 
 - matmuls: ``F.linear`` (reaches here as ``t`` + ``mm``/``addmm``), ``torch.mm``,
-  ``torch.addmm``: fused CPU kernels for int8 per-row weights
-  (``torch._weight_int8pack_mm``) and :class:`~quanta.dtypes.Int4CPULayout`; any
+  ``torch.addmm``: quanta's fused CPU kernels (:mod:`quanta.kernels.int_linear`)
+  for int8 per-row weights and :class:`~quanta.dtypes.Int4CPULayout`; any
   other layout is dequantized a tile of rows at a time (about 1 MiB), never
   whole;
 - ``F.embedding`` (dequantizes only the rows looked up);
@@ -89,14 +89,13 @@ def _dequantize_rows(w: AQT, rows: slice | torch.Tensor, dtype: torch.dtype) -> 
 
 
 def _int8_rows(w: AQT) -> bool:
-    """W stored as plain int8 [N, K], one scale per row, K a multiple of 16: ``torch._weight_int8pack_mm``'s
-    case (codes are stored 64-byte aligned)."""
+    """W stored as plain contiguous int8 [N, K], one scale per row: the int8 weight-only kernel's case."""
     impl = w.tensor_impl
     if not isinstance(impl, PlainAQTTensorImpl) or len(w.shape) != 2:
         return False
     data = impl.int_data
     k = data.shape[1]
-    if data.dtype != torch.int8 or not data.is_contiguous() or k % 16:
+    if data.dtype != torch.int8 or not data.is_contiguous() or k == 0:
         return False
     return w.storage_block_size == (1, k) and w.zero_point_domain is not ZeroPointDomain.FLOAT
 
@@ -109,8 +108,8 @@ _INT8_PREPARED: dict[int, tuple] = {}
 def _int8_kernel_scale(w: AQT) -> Optional[torch.Tensor]:
     """The kernel's bf16 scale [N] (N values, no weight-sized work), or None if the zero point is not zero.
 
-    ``_weight_int8pack_mm`` has no zero point; subtracting ``x.sum() * zp * s`` afterwards would cancel
-    bf16-rounded large terms, so weights with a nonzero zero point take the tiled path instead.
+    The int8 kernel has no zero point; subtracting ``x.sum() * zp * s`` afterwards would cancel large
+    terms, so weights with a nonzero zero point take the tiled path instead.
     """
     impl = w.tensor_impl
     zp = impl.zero_point if w.zero_point_domain is ZeroPointDomain.INT else None
@@ -143,10 +142,9 @@ def linear_function(input, weight, bias=None):
 def linear(x: torch.Tensor, w: AQT, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x @ dequantize(w).T + bias`` for a weight ``w`` [N, K], on the codes.
 
-    int8 per-row weights run through ``torch._weight_int8pack_mm`` and
-    Int4CPULayout weights through ``_weight_int4pack_mm_for_cpu``: both take bf16
-    activations, so fp32/fp16 ``x`` is rounded to bf16 for them (the result is
-    cast back). Other cases dequantize tiles of the stored rows in ``x``'s dtype.
+    int8 per-row weights and Int4CPULayout weights run through quanta's CPU
+    kernels (:mod:`quanta.kernels.int_linear`: float32 accumulation, one rounding
+    to ``x``'s dtype). Other cases dequantize tiles of the stored rows in ``x``'s dtype.
     """
     if len(w.shape) != 2:
         raise ValueError(f"linear: the weight must be 2-D, got shape {tuple(w.shape)}")

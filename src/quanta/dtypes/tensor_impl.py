@@ -341,7 +341,7 @@ class FloatxAQTTensorImpl(AQTTensorImpl):
 
 
 class Int4CPUAQTTensorImpl(AQTTensorImpl):
-    """uint4 codes packed for ``_weight_int4pack_mm_for_cpu`` (:class:`~quanta.dtypes.Int4CPULayout`).
+    """uint4 codes packed for quanta's int4 CPU kernel (:class:`~quanta.dtypes.Int4CPULayout`).
 
     ``scale_and_zero`` is bf16 ``[K // group_size, N, 2]``; ``plain()`` returns
     codes as int32 in [0, 15] and scale/zero point ``[N, K // group_size]``.
@@ -376,8 +376,8 @@ class Int4CPUAQTTensorImpl(AQTTensorImpl):
     def storage_qparams(self):
         return self.storage_plain()[1:]
 
-    # The packed format depends on the CPU capability torch dispatches to: files keep the codes
-    # (4-bit, pack_bits order), scale and zero, and loading packs them for this machine.
+    # Files keep the codes (4-bit, pack_bits order), scale and zero, and loading packs them for the
+    # kernel: the file format stays independent of the kernel's packing.
     @classmethod
     def portable_names(cls):
         return ("codes", "scale", "zero")

@@ -1,32 +1,35 @@
-"""Linear layers on integer weights through PyTorch's CPU kernels (torchao's CPU layouts).
+"""Linear layers on integer weights, on CPU: quanta's own kernels (a torch C++ extension).
 
 Three recipes, each a one-time ``prepare``/``pack`` step at quantize time and a
-per-call linear that does no weight-sized work::
+per-call linear that does no weight-sized work besides reading the weight::
 
-    int8 weight-only      y = x @ (W_q * s[:, None]).T + b         W_q int8 [N, K], s [N]
-                          torch._weight_int8pack_mm(x_bf16, W_q, s_bf16)
-    int4 weight-only      y = x @ W.T + b,  W[n, k] = (c[n, k] - 8) * s[n, g] + z[n, g],  g = k // group_size
-    (tinygemm, CPU)       torch.ops.aten._weight_int4pack_mm_for_cpu(x_bf16, packed, group_size, scale_and_zero)
-    int8 dynamic          y = s_x[m] * s_w[n] * (sum_k (q_x[m, k] - z_x[m]) * q_w[n, k]) + b[n]
-                          torch._int_mm(q_x, q_w.T) in int32, minus z_x * (column sums of q_w.T)
+    int8 weight-only      y = (x @ W_q.T) * s + b                    W_q int8 [N, K], s bfloat16 [N]
+    int4 weight-only      y = x @ W.T + b,  W[n, k] = fma(c[n, k] - 8, s[g, n], z[g, n]),  g = k // group_size
+    int8 dynamic          y = ((A * s_x[m]) * s_w[n]) + b[n],   A = sum_k q_x[m, k] q_w[n, k] - z_x[m] * colsum[n]
 
-The two weight-only kernels are fast only for bfloat16 activations (float32
-activations hit a scalar loop ~20x slower), so float32/float16 activations are
-cast to bfloat16, the kernel runs, and the result is cast back. That is the
-kernels' contract and it fixes the precision: activations, scales (and int4
-zero points) are rounded to bfloat16, products accumulate in float32, and the
-output is rounded to bfloat16 once (relative error up to ``2**-8``, bfloat16's
-unit roundoff, on top of the input rounding), also for float32 inputs. The bias
-is added after that rounding, in float32 for float32/float16 inputs.
+The kernels live in ``csrc/int_linear.cpp``, built at first use and cached
+(:mod:`quanta.kernels.int_linear_native`), and run on torch's own thread pool.
+Decode-sized inputs (fewer than 8 rows) take a vectorised GEMV that converts the
+weights in registers as they stream past; larger inputs take a GEMM that
+dequantizes a panel of weights into a cache (transposed) and keeps a 6 x 64
+output tile in registers. AVX-512, AVX2 and a portable C++ path are chosen at
+run time and give the same bits (tested; :func:`quanta.kernels.int_linear_native.force_isa`).
 
-float16 never overflows in an intermediate: bfloat16 has float32's range. The
-one float16 subtlety is that bfloat16 rounds every value in ``[65408, 65792]``
-to ``65536``, which float16 cannot hold; such outputs are read as float16's
-maximum ``65504`` (a true result in ``[65520, 65792]`` therefore saturates
-instead of becoming inf). Any output whose bfloat16 value is larger is a true
-overflow and becomes inf, as with ``F.linear``. The dynamic path scales in
-float32 and rounds to float16 once, so only true results beyond float16's range
-are inf there.
+Precision (float paths). Activations are widened to float32 exactly (float32,
+float16 and bfloat16 inputs alike; nothing is rounded to bfloat16 first), the
+weights are the exact dequantized float32 values (int8 codes; for int4 one
+``fma`` rounding of ``(code - 8) * scale + zero``), products accumulate in
+float32 with fused multiply-adds in a fixed order, the int8 scale and the bias
+are applied in float32, and the output is rounded to ``x``'s dtype once. The
+error against the exact result is that of a float32 dot product:
+``|y - y_exact| <= (K + 2) * 2**-24 * sum_k |x_k w_k|`` plus the final rounding
+(``2**-8`` relative for bfloat16, ``2**-11`` for float16); float16 overflows only
+where the true result does. The order: GEMV rows (M < 8) sum each output in
+16 lanes (lane ``l`` takes ``k = 16c + l``) added by a fixed tree; the GEMM sums
+each output as one chain over ``k``. So the two row counts may differ in the
+last bits; each is reproducible on every CPU. The int8 dynamic path's integer
+part is exact, and its scaling is the reference's, so it matches
+:func:`quanta.kernels.int_linear_reference.int8_dynamic_reference` bit for bit.
 
 The activation quantization of the dynamic path is torchao's (0.15), computed
 by the torchao-convention kernels in :mod:`quanta.kernels.zero_point`:
@@ -43,32 +46,27 @@ dtype (torchao multiplies in bfloat16 for bfloat16 input), and the asymmetric
 zero point is honoured on the integer path (torchao falls back to a float
 matmul there).
 
-Kernel constraints found in torch 2.13 (measured on AVX512, AVX2 and the
-generic build; torch's source agrees), checked up front here with a ``ValueError``:
+Shapes: any ``N`` and ``K`` (``K`` need not be a multiple of 16 or of the int4
+group), any number of rows. int32 accumulation of the dynamic path needs
+``K <= 65536``. The int4 packing (:func:`pack_int4_cpu`) is quanta's own and the
+same on every machine.
 
-* ``_weight_int8pack_mm``: ``K`` a multiple of 16 on AVX512 (other ``K`` crash the
-  process or return garbage: the vector loop has no tail; AVX2 needs 8), so
-  quanta asks 16 everywhere; bfloat16 activations 32-byte aligned (aligned
-  loads; this module copies a misaligned input); weight and scale of the
-  activation's dtype. Any ``N`` and ``M`` (``M = 0`` included).
-* ``_weight_int4pack_mm_for_cpu``: ``N`` a multiple of 16, ``group_size`` in
-  {32, 64, 128, 256}, ``K`` a multiple of ``group_size``, ``scale_and_zero`` of
-  the activation's dtype, shaped ``[K / group_size, N, 2]``, contiguous.
-* ``_int_mm`` on CPU: no shape constraints (``M = 0``, ``M = 1``, odd ``K`` and ``N``
-  all exact, any strides); it wraps on int32 overflow, so ``K <= 65536`` here.
-
-The int4 packed layout depends on the CPU capability torch dispatches to
-(``torch.backends.cpu.get_cpu_capability()``), so a packed weight is not
-portable between machines: keep the codes (:func:`unpack_int4_cpu`) in
-checkpoints and pack on load. These are inference kernels: no gradient reaches ``x``.
+Without a C++ compiler or ``ninja`` (or with ``QUANTA_INT_LINEAR_NATIVE=0``) the
+same functions run a fallback after a one-time warning: int8 weight-only through
+``torch._weight_int8pack_mm`` when ``K`` is a multiple of 16 (its precision:
+activations rounded to bfloat16, output rounded to bfloat16 before the bias),
+everything else through :mod:`quanta.kernels.int_linear_reference`, with the same
+results up to float32 rounding. These are inference kernels: no gradient reaches ``x``.
 """
 
 from __future__ import annotations
 
-import functools
+import weakref
 
 import torch
 
+from quanta.kernels import int_linear_native as _native
+from quanta.kernels import int_linear_reference as _ref
 from quanta.kernels import zero_point as _zp
 from quanta.kernels.torchao_blocks import block_min_max, full_block_layout
 
@@ -87,11 +85,11 @@ __all__ = [
 ]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_INT8_PACK_K_MULTIPLE = 16
-_BF16_ALIGN = 32  # bytes: the int8 kernel loads 16 bfloat16 activations with aligned 256-bit loads
+_INT8_PACK_K_MULTIPLE = 16  # torch._weight_int8pack_mm's constraint (the fallback only)
+_BF16_ALIGN = 32  # bytes: torch's int8 kernel loads 16 bfloat16 activations with aligned 256-bit loads
 _WEIGHT_ALIGN = 64
 _INT4_GROUP_SIZES = (32, 64, 128, 256)
-_INT4_N_MULTIPLE = 16
+_INT4_BLOCK = 64  # k's per 32-byte block of the int4 packing
 _INT_MM_MAX_K = 65536  # |sum_k (q_x - z_x) q_w| <= 255 * 128 * K stays below 2**31
 _FP16_MAX = 65504.0
 _BF16_ROUNDED_FP16_MAX = 65536.0  # bfloat16's rounding of every value in [65408, 65792]
@@ -177,26 +175,26 @@ def _from_bf16(y: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None) -
     return y.to(dtype)
 
 
+def _bias32(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The bias as the kernels take it: contiguous float32."""
+    return None if bias is None else bias.to(dtype=torch.float32, memory_format=torch.contiguous_format)
+
+
+def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x`` as a contiguous ``[M, K]`` matrix (a copy only if it is not one)."""
+    return x.reshape(-1, k).contiguous()
+
+
 # --------------------------------------------------------------------------- int8 weight-only
-def _check_int8_pack_k(k: int, name: str) -> None:
-    if k == 0 or k % _INT8_PACK_K_MULTIPLE:
-        raise ValueError(
-            f"{name} has in_features K = {k}; torch._weight_int8pack_mm needs K a positive multiple of "
-            f"{_INT8_PACK_K_MULTIPLE} (other K crash or give wrong results in torch 2.13); use a plain "
-            "dequantize-and-matmul for this layer"
-        )
-
-
 def prepare_int8_weight_only(weight_int8: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Once per weight: ``(weight_int8, scale)`` in the form :func:`int8_weight_only_linear` takes.
 
     The weight becomes contiguous and 64-byte aligned (a copy only if it is
     not), the per-row scale ``s`` (symmetric, zero point 0; the weight is
     ``W = weight_int8 * s[:, None]``) becomes a contiguous bfloat16 ``[N]``
-    tensor, the kernel's contract, which rounds it to bfloat16.
+    tensor (the stored precision, as torchao's CPU layout).
 
-    Raises ``ValueError`` if ``K`` is not a positive multiple of 16 (the kernel's
-    constraint) or a scale is not finite in bfloat16.
+    Raises ``ValueError`` if ``K`` is 0 or a scale is not finite in bfloat16.
 
     >>> w = torch.tensor([[1, -2] * 8, [3, 0] * 8], dtype=torch.int8)
     >>> qw, s = prepare_int8_weight_only(w, torch.tensor([0.5, 0.25]))
@@ -205,7 +203,8 @@ def prepare_int8_weight_only(weight_int8: torch.Tensor, scale: torch.Tensor) -> 
     """
     w = _int_tensor("weight_int8", weight_int8, (torch.int8,), 2)
     n, k = w.shape
-    _check_int8_pack_k(k, "weight_int8")
+    if k == 0:
+        raise ValueError("weight_int8 has in_features K = 0; a linear layer needs K >= 1")
     s = _float_vector("scale", scale, n).to(torch.bfloat16).contiguous()
     _check_finite("scale", s, "in bfloat16 (the kernel's scale dtype)")
     return _aligned(w, _WEIGHT_ALIGN), s
@@ -213,21 +212,19 @@ def prepare_int8_weight_only(weight_int8: torch.Tensor, scale: torch.Tensor) -> 
 
 def int8_weight_only_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
                             bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = x @ (weight_int8 * scale[:, None]).T + bias`` in ``x``'s dtype, via ``torch._weight_int8pack_mm``.
+    """``y = (x @ weight_int8.T) * scale + bias`` in ``x``'s dtype.
 
     Args:
         x: ``[..., K]`` float32, float16 or bfloat16, any strides, any number of rows (0 included).
-        weight_int8: int8 ``[N, K]``, contiguous and 16-byte aligned, as
-            :func:`prepare_int8_weight_only` returns it (checked, never copied here).
+        weight_int8: int8 ``[N, K]``, contiguous, as :func:`prepare_int8_weight_only`
+            returns it (checked, never copied here).
         scale: ``[N]`` floats; the bfloat16 scale from :func:`prepare_int8_weight_only`
             is used as is, any other float dtype is rounded to bfloat16 on each call
             (``N`` elements).
         bias: optional ``[N]``.
 
-    Precision: ``x`` is rounded to bfloat16, products accumulate in float32,
-    the output is rounded to bfloat16 before the bias is added (in float32 for
-    float32/float16 ``x``). float16 ``x`` cannot overflow in an intermediate;
-    see the module docstring for the one bfloat16 → float16 boundary case.
+    Precision: see the module docstring (float32 accumulation of the exact
+    products, one rounding to ``x``'s dtype).
 
     >>> qw, s = prepare_int8_weight_only(torch.tensor([[1, -2] * 8, [3, 0] * 8], dtype=torch.int8),
     ...                                  torch.tensor([0.5, 0.25]))
@@ -236,9 +233,10 @@ def int8_weight_only_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: t
     """
     w = _int_tensor("weight_int8", weight_int8, (torch.int8,), 2)
     n, k = w.shape
-    _check_int8_pack_k(k, "weight_int8")
-    if not w.is_contiguous() or w.data_ptr() % 16:
-        raise ValueError("weight_int8 must be contiguous and 16-byte aligned; pass it through prepare_int8_weight_only")
+    if k == 0:
+        raise ValueError("weight_int8 has in_features K = 0; a linear layer needs K >= 1")
+    if not w.is_contiguous():
+        raise ValueError("weight_int8 must be contiguous; pass it through prepare_int8_weight_only")
     s = _tensor("scale", scale)
     if not s.is_floating_point():
         raise TypeError(f"scale must be a floating-point tensor, got {s.dtype}")
@@ -247,22 +245,28 @@ def int8_weight_only_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: t
     s = s.to(dtype=torch.bfloat16, memory_format=torch.contiguous_format)
     x = _check_x(x, k)
     bias = _check_bias(bias, n)
-    y = torch._weight_int8pack_mm(_to_bf16_2d(x, k), w, s)
-    return _from_bf16(y, x.dtype, bias).reshape(*x.shape[:-1], n)
+    lib = _native.ops()
+    if lib is not None:
+        y = lib.int8_weight_only_linear(_rows(x, k), w, s, _bias32(bias))
+    elif k % _INT8_PACK_K_MULTIPLE == 0:  # fallback: torch's kernel (bfloat16 activations and output)
+        y = _from_bf16(torch._weight_int8pack_mm(_to_bf16_2d(x, k), _aligned(w, 16), s), x.dtype, bias)
+    else:
+        y = _ref.int8_weight_only_reference(_rows(x, k), w, s, bias)
+    return y.reshape(*x.shape[:-1], n)
 
 
-# --------------------------------------------------------------------------- int4 (tinygemm, CPU)
+# --------------------------------------------------------------------------- int4 weight-only
 def check_int4_cpu_shape(n: int, k: int, group_size: int) -> None:
     """Raise ``ValueError`` unless a weight ``[n, k]`` in groups of ``group_size`` fits the int4 CPU kernel.
 
-    The kernel needs ``n`` a multiple of 16, ``group_size`` in {32, 64, 128, 256}
-    and ``k`` a multiple of ``group_size``.
+    The kernel takes any ``n, k >= 1`` and ``group_size`` in {32, 64, 128, 256}
+    (the last group of a row may be partial).
 
     >>> check_int4_cpu_shape(4096, 4096, 128)
-    >>> check_int4_cpu_shape(24, 64, 32)
+    >>> check_int4_cpu_shape(24, 64, 48)
     Traceback (most recent call last):
     ...
-    ValueError: weight has out_features N = 24; the int4 CPU kernel needs N a positive multiple of 16
+    ValueError: group_size must be one of (32, 64, 128, 256), got 48
     """
     for name, v in (("n", n), ("k", k)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -271,29 +275,23 @@ def check_int4_cpu_shape(n: int, k: int, group_size: int) -> None:
 
 
 def int4_cpu_packed_shape(n: int, k: int) -> tuple[int, int]:
-    """Shape of :func:`pack_int4_cpu`'s ``packed_weight`` for a ``[n, k]`` weight: ``(n, k // 2)`` bytes.
+    """Shape of :func:`pack_int4_cpu`'s ``packed_weight`` for a ``[n, k]`` weight: ``(n, 32 * ceil(k / 64))`` bytes.
 
-    >>> int4_cpu_packed_shape(4096, 4096)
-    (4096, 2048)
+    >>> int4_cpu_packed_shape(4096, 4096), int4_cpu_packed_shape(7, 65)
+    ((4096, 2048), (7, 64))
     """
-    return (n, k // 2)
+    return (n, -(-k // _INT4_BLOCK) * (_INT4_BLOCK // 2))
 
 
 def _check_int4_shape(n: int, k: int, group_size: object, name: str) -> int:
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {group_size!r}")
     if group_size not in _INT4_GROUP_SIZES:
-        raise ValueError(
-            f"group_size must be one of {_INT4_GROUP_SIZES} for _weight_int4pack_mm_for_cpu, got {group_size}"
-        )
-    if n == 0 or n % _INT4_N_MULTIPLE:
-        raise ValueError(
-            f"{name} has out_features N = {n}; the int4 CPU kernel needs N a positive multiple of {_INT4_N_MULTIPLE}"
-        )
-    if k == 0 or k % group_size:
-        raise ValueError(
-            f"{name} has in_features K = {k}, which must be a positive multiple of group_size {group_size}"
-        )
+        raise ValueError(f"group_size must be one of {_INT4_GROUP_SIZES}, got {group_size}")
+    if n <= 0:
+        raise ValueError(f"{name} has out_features N = {n}; the int4 kernel needs N >= 1")
+    if k <= 0:
+        raise ValueError(f"{name} has in_features K = {k}; the int4 kernel needs K >= 1")
     return group_size
 
 
@@ -307,24 +305,25 @@ def pack_int4_cpu(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, 
 
     Args:
         codes: ``[N, K]`` uint8 or int32 holding 0..15.
-        scale, zero: ``[N, K // group_size]`` floats.
+        scale, zero: ``[N, ceil(K / group_size)]`` floats.
         group_size: 32, 64, 128 or 256.
 
     Returns:
-        ``packed_weight``: uint8 ``[N, K // 2]`` from
-        ``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` (layout depends
-        on the CPU capability); ``scale_and_zero``: bfloat16 ``[K // group_size, N, 2]``
+        ``packed_weight``: uint8 ``[N, 32 * ceil(K / 64)]``: each row in blocks of
+        64 codes, 32 bytes a block, byte ``j`` holding code ``64 b + j`` in its low
+        nibble and ``64 b + 32 + j`` in its high nibble (padding codes 8). The same
+        on every machine. ``scale_and_zero``: bfloat16 ``[ceil(K / group_size), N, 2]``
         with ``[g, n] = (scale[n, g], zero[n, g])``, rounded to bfloat16.
 
     >>> codes = torch.arange(16, dtype=torch.uint8).repeat(16, 2)
     >>> packed, sz = pack_int4_cpu(codes, torch.full((16, 1), 0.5), torch.zeros(16, 1), 32)
     >>> packed.shape, packed.dtype, sz.shape
-    (torch.Size([16, 16]), torch.uint8, torch.Size([1, 16, 2]))
+    (torch.Size([16, 32]), torch.uint8, torch.Size([1, 16, 2]))
     """
     c = _int_tensor("codes", codes, (torch.uint8, torch.int32), 2)
     n, k = c.shape
     group_size = _check_int4_shape(n, k, group_size, "codes")
-    groups = k // group_size
+    groups = -(-k // group_size)
     if c.numel() and (int(c.min()) < 0 or int(c.max()) > 15):
         raise ValueError(f"codes must hold uint4 values 0..15, got [{int(c.min())}, {int(c.max())}]")
     parts = []
@@ -334,27 +333,32 @@ def pack_int4_cpu(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, 
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
         if tuple(t.shape) != (n, groups):
             raise ValueError(
-                f"{name} must have shape ({n}, {groups}) = (N, K // group_size) for codes {tuple(c.shape)} and "
+                f"{name} must have shape ({n}, {groups}) = (N, ceil(K / group_size)) for codes {tuple(c.shape)} and "
                 f"group_size {group_size}, got {tuple(t.shape)}"
             )
         t = t.to(torch.bfloat16)
         _check_finite(name, t, "in bfloat16 (the kernel's dtype)")
         parts.append(t)
     scale_and_zero = torch.stack(parts, dim=-1).transpose(0, 1).contiguous()
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.to(torch.int32).contiguous(), 1)
-    return packed, scale_and_zero
+    row_bytes = int4_cpu_packed_shape(n, k)[1]
+    padded = torch.full((n, 2 * row_bytes), 8, dtype=torch.uint8)
+    padded[:, :k] = c
+    blocks = padded.view(n, row_bytes // 32, 2, 32)
+    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, row_bytes)
+    return _aligned(packed, _WEIGHT_ALIGN), scale_and_zero
 
 
 def _check_int4_packed(packed_weight: object, scale_and_zero: object, group_size: object, n: int, k: int
                        ) -> tuple[torch.Tensor, torch.Tensor, int]:
     p = _int_tensor("packed_weight", packed_weight, (torch.uint8,), 2)
-    if tuple(p.shape) != (n, k // 2) or k % 2:
-        raise ValueError(f"packed_weight must have shape ({n}, K // 2) for N = {n}, K = {k}, got {tuple(p.shape)}")
+    group_size = _check_int4_shape(n, k, group_size, "packed_weight")
+    want_p = int4_cpu_packed_shape(n, k)
+    if tuple(p.shape) != want_p:
+        raise ValueError(f"packed_weight must have shape {want_p} for N = {n}, K = {k}, got {tuple(p.shape)}")
     if not p.is_contiguous():
         raise ValueError("packed_weight must be contiguous (as pack_int4_cpu returns it)")
-    group_size = _check_int4_shape(n, k, group_size, "packed_weight")
     sz = _tensor("scale_and_zero", scale_and_zero)
-    want = (k // group_size, n, 2)
+    want = (-(-k // group_size), n, 2)
     if sz.dtype != torch.bfloat16 or tuple(sz.shape) != want or not sz.is_contiguous():
         raise ValueError(
             f"scale_and_zero must be the contiguous bfloat16 {want} tensor from pack_int4_cpu, got "
@@ -365,14 +369,11 @@ def _check_int4_packed(packed_weight: object, scale_and_zero: object, group_size
 
 def int4_cpu_linear(x: torch.Tensor, packed_weight: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int,
                     out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = x @ W.T + bias``, ``W[n, k] = (code - 8) * scale[n, k // group_size] + zero[n, k // group_size]``.
+    """``y = x @ W.T + bias``, ``W[n, k] = fma(code - 8, scale[n, k // group_size], zero[n, k // group_size])``.
 
-    Runs ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on the output of
-    :func:`pack_int4_cpu` (``out_features`` = ``N``). ``x`` is ``[..., K]``
-    float32/float16/bfloat16; the kernel dequantizes each weight in float32
-    from the bfloat16 scale and zero (``fma(code - 8, scale, zero)``),
-    accumulates in float32 and rounds the output to bfloat16; the precision
-    and float16 notes of :func:`int8_weight_only_linear` apply.
+    ``packed_weight`` and ``scale_and_zero`` come from :func:`pack_int4_cpu`
+    (``out_features`` = ``N``; ``K`` is ``x``'s last dimension). ``x`` is ``[..., K]``
+    float32/float16/bfloat16. Precision: see the module docstring.
 
     >>> codes = torch.full((16, 32), 10, dtype=torch.uint8)
     >>> packed, sz = pack_int4_cpu(codes, torch.full((16, 1), 0.5), torch.full((16, 1), 0.25), 32)
@@ -384,79 +385,40 @@ def int4_cpu_linear(x: torch.Tensor, packed_weight: torch.Tensor, scale_and_zero
     p = _int_tensor("packed_weight", packed_weight, (torch.uint8,), 2)
     if p.shape[0] != out_features:
         raise ValueError(f"out_features ({out_features}) must equal packed_weight.shape[0] ({p.shape[0]})")
-    k = 2 * p.shape[1]
+    x = _tensor("x", x)
+    if x.dim() == 0:
+        raise ValueError("x must have shape [..., K], got a 0-d tensor")
+    k = x.shape[-1]
+    if int4_cpu_packed_shape(out_features, k)[1] != p.shape[1]:
+        raise ValueError(f"x must have shape [..., K] with 32 * ceil(K / 64) = {p.shape[1]} (packed_weight's row "
+                         f"bytes), got {tuple(x.shape)}")
     p, sz, group_size = _check_int4_packed(p, scale_and_zero, group_size, out_features, k)
     x = _check_x(x, k)
     bias = _check_bias(bias, out_features)
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(_to_bf16_2d(x, k), p, group_size, sz)
-    return _from_bf16(y, x.dtype, bias).reshape(*x.shape[:-1], out_features)
-
-
-# (rows per block, full blocks split in halves?) for the packings torch uses:
-# AVX512 (64, halves), AVX2 (32, halves), DEFAULT (32, pairs); others are guesses kept as candidates.
-_INT4_CPU_FORMATS = ((64, True), (32, True), (32, False), (16, False), (64, False))
-
-
-def _unpack_int4_codes(packed: torch.Tensor, n: int, k: int, block_n: int, halves: bool) -> torch.Tensor:
-    """Inverse of ``_convert_weight_to_int4pack_for_cpu`` for one packing format (see :func:`unpack_int4_cpu`)."""
-    flat = packed.reshape(-1)
-    row_bytes = k // 2
-    full = (n // block_n) * block_n
-    parts = []
-    if full:
-        blk = flat[: full * row_bytes].view(n // block_n, k, block_n // 2)
-        lo, hi = blk & 0xF, blk >> 4
-        if halves:
-            rows = torch.cat([lo, hi], dim=2)
-        else:
-            rows = torch.stack([lo, hi], dim=3).reshape(n // block_n, k, block_n)
-        parts.append(rows.transpose(1, 2).reshape(full, k))
-    if full < n:
-        blk = flat[full * row_bytes:].view(k, (n - full) // 2)
-        parts.append(torch.stack([blk & 0xF, blk >> 4], dim=2).reshape(k, n - full).t())
-    return torch.cat(parts).contiguous()
-
-
-@functools.cache
-def _int4_cpu_format() -> tuple[int, bool]:
-    """The packing of this process's CPU capability, found by packing known codes once."""
-    g = torch.Generator().manual_seed(0)
-    n, k = 176, 4  # 2 x 64 + 48 rows: full and partial blocks of every candidate
-    probe = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
-    for block_n, halves in _INT4_CPU_FORMATS:
-        if torch.equal(_unpack_int4_codes(packed, n, k, block_n, halves), probe.to(torch.uint8)):
-            return block_n, halves
-    raise NotImplementedError(
-        "unpack_int4_cpu does not know the int4 packing of CPU capability "
-        f"{torch.backends.cpu.get_cpu_capability()!r}; keep the unpacked codes instead"
-    )
+    lib = _native.ops()
+    if lib is not None:
+        y = lib.int4_weight_only_linear(_rows(x, k), p, sz, group_size, k, _bias32(bias))
+    else:
+        y = _ref.int4_weight_only_reference(_rows(x, k), p, sz, group_size, k, bias)
+    return y.reshape(*x.shape[:-1], out_features)
 
 
 def unpack_int4_cpu(packed_weight: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int, N: int, K: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Bit-exact inverse of :func:`pack_int4_cpu`: ``(codes uint8 [N, K], scale, zero)``.
 
-    ``scale`` and ``zero`` are bfloat16 ``[N, K // group_size]`` (the stored
-    precision). The packing, read from torch's ``int4mm_kernel.cpp`` and
-    confirmed by packing known codes: rows go in blocks of ``B`` (64 on AVX512,
-    32 on AVX2 and the generic build); a block is stored as ``[K, B / 2]`` bytes.
-    A full AVX512/AVX2 block puts row ``j`` in the low nibble and row
-    ``j + B/2`` in the high nibble of byte ``j``; the generic build and the
-    partial last block (16, 32 or 48 rows) put rows ``2j`` and ``2j + 1`` in the
-    low and high nibble. The format of the running process is detected once.
+    ``scale`` and ``zero`` are bfloat16 ``[N, ceil(K / group_size)]`` (the stored precision).
 
-    >>> codes = torch.randint(0, 16, (48, 64), dtype=torch.uint8)
-    >>> packed, sz = pack_int4_cpu(codes, torch.ones(48, 2), torch.zeros(48, 2), 32)
-    >>> torch.equal(unpack_int4_cpu(packed, sz, 32, 48, 64)[0], codes)
+    >>> codes = torch.randint(0, 16, (48, 100), dtype=torch.uint8)
+    >>> packed, sz = pack_int4_cpu(codes, torch.ones(48, 4), torch.zeros(48, 4), 32)
+    >>> torch.equal(unpack_int4_cpu(packed, sz, 32, 48, 100)[0], codes)
     True
     """
     for name, v in (("N", N), ("K", K)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name} must be an int, got {v!r}")
     p, sz, _ = _check_int4_packed(packed_weight, scale_and_zero, group_size, N, K)
-    block_n, halves = _int4_cpu_format()
-    codes = _unpack_int4_codes(p, N, K, block_n, halves)
+    codes = _ref.unpack_int4_codes(p, K)
     return codes, sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous()
 
 
@@ -544,8 +506,9 @@ def int8_dynamic_activation_linear(x: torch.Tensor, weight_t: torch.Tensor, weig
     Each row of ``x`` (``[..., K]``, float32/float16/bfloat16) is quantized to
     int8 per token as torchao does (:func:`quantize_per_token_int8`;
     ``act_symmetric=False`` gives the asymmetric variant with a zero point
-    ``z_x``). The integer part is exact: ``torch._int_mm`` accumulates in int32
-    and the zero-point correction uses the precomputed column sums. The
+    ``z_x``). The integer part is exact: the native kernel accumulates in int32
+    (VNNI ``vpdpbusd`` on AVX-512) and the zero-point correction uses the column
+    sums (computed once per weight and cached when none are passed). The
     scaling runs in float32 (the int32 accumulator rounded to float32, times
     ``s_x``, times ``s_w``, plus the bias) and is rounded to ``x``'s dtype once,
     so float16 overflows only where the true result does.
@@ -557,7 +520,7 @@ def int8_dynamic_activation_linear(x: torch.Tensor, weight_t: torch.Tensor, weig
             usually a ``[N, K]`` weight passed untransposed).
         weight_scale: ``[N]`` floats, used in float32 (cast on each call unless float32).
         weight_col_sums: int32 ``[N]`` (:func:`int8_weight_col_sums`); may be None
-            for symmetric activations.
+            for symmetric activations (then computed once per weight and cached).
 
     >>> wt, s, cs = prepare_int8_dynamic(torch.tensor([[1, 2], [-4, 5]], dtype=torch.int8), torch.tensor([0.5, 0.25]))
     >>> int8_dynamic_activation_linear(torch.tensor([[1.27, 0.0]]), wt, s, cs)
@@ -594,11 +557,29 @@ def int8_dynamic_activation_linear(x: torch.Tensor, weight_t: torch.Tensor, weig
     if x2.shape[0] == 0:
         return x.new_empty(out_shape)
     q, s_x, z_x = quantize_per_token_int8(x2, symmetric=act_symmetric)
-    acc = torch._int_mm(q, wt)
-    if z_x is not None:
-        acc.sub_(z_x.to(torch.int32).unsqueeze(1) * weight_col_sums)
-    y = acc.to(torch.float32)
-    y.mul_(s_x.to(torch.float32).unsqueeze(1)).mul_(s_w)
-    if bias is not None:
-        y.add_(bias)
-    return y.to(x.dtype).reshape(out_shape)
+    w = wt.t()  # the contiguous [N, K] codes
+    lib = _native.ops()
+    if lib is None:
+        y = _ref.int8_dynamic_reference(q, z_x, s_x, w, s_w, weight_col_sums, bias, x.dtype)
+    else:
+        cs = weight_col_sums if weight_col_sums is not None else _col_sums(w)
+        y = lib.int8_dynamic_linear(q, z_x, s_x.to(torch.float32).contiguous(), w, s_w.contiguous(), cs.contiguous(),
+                                    _bias32(bias), x.dtype)
+    return y.reshape(out_shape)
+
+
+# column sums computed for symmetric callers that pass none (the native kernel needs them), per weight tensor:
+# id of the weight's storage owner -> (weakref, version, data_ptr, sums); dropped with the weight
+_COL_SUMS: dict[int, tuple] = {}
+
+
+def _col_sums(w: torch.Tensor) -> torch.Tensor:
+    owner = w._base if w._base is not None else w
+    key = (owner._version, w.data_ptr(), tuple(w.shape))
+    hit = _COL_SUMS.get(id(owner))
+    if hit is None or hit[0]() is not owner or hit[1] != key:
+        if hit is None:
+            weakref.finalize(owner, _COL_SUMS.pop, id(owner), None)
+        hit = (weakref.ref(owner), key, int8_weight_col_sums(w))
+        _COL_SUMS[id(owner)] = hit
+    return hit[2]

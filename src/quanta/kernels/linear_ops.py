@@ -3,7 +3,7 @@
 Eager code calls :mod:`quanta.kernels.int_linear` directly. Traced code
 (``torch.compile``, ``torch.export``) cannot run those functions: they check
 data pointers and values that traced tensors do not have, and Inductor cannot
-lower ``_weight_int8pack_mm`` on unrealized inputs. Wrapped as custom ops with a
+lower the native kernels (opaque C++ ops) on unrealized inputs. Wrapped as custom ops with a
 shape-only fake implementation, they stay single opaque calls in the graph and
 run the same code, with the same bits, at run time.
 

@@ -1,0 +1,900 @@
+// quanta's CPU integer-weight linear kernels, on torch's own thread pool (at::parallel_for).
+//
+// Built at first use by quanta.kernels.int_linear_native (torch.utils.cpp_extension) and registered as
+// torch.ops.quanta_cpu.*. Three recipes:
+//
+//   int8 weight-only   y[m,n] = S(x[m,:], q[n,:]) * s[n] + b[n]        q int8 [N, K] row-major, s bf16 [N]
+//   int4 weight-only   y[m,n] = S(x[m,:], w[n,:]) + b[n],  w[n,k] = fma(c[n,k] - 8, s[g,n], z[g,n])
+//                      c uint4 packed [N, ceil(K/64)*32] (see pack below), (s, z) bf16 [ceil(K/G), N, 2]
+//   int8 dynamic       y[m,n] = ((float)(A[m,n]) * sx[m]) * sw[n] + b[n],
+//                      A = sum_k qx[m,k] q[n,k] - zx[m] * colsum[n]  (exact int32)
+//
+// S(x, w) follows one fixed summation order per path, the same on every instruction set (AVX-512, AVX2,
+// portable C++), so the three give the same bits (tested). x is widened to float32 exactly (fp32/bf16/fp16
+// in) and the weights are their exact dequantized float32 values.
+//  decode GEMV (M < 8): k is split into 16 lanes (lane l takes k = 16c + l, c = 0, 1, ...), each lane
+//    accumulates acc = fma(x_k, w_k, acc) in increasing k, and the 16 lanes are added by the tree
+//    t8[i] = a[i] + a[i+8], t4[i] = t8[i] + t8[i+4], t2[i] = t4[i] + t4[i+2], t1 = t2[0] + t2[1]. Padding
+//    (k >= K) adds x = 0 times a finite weight, which changes nothing.
+//  prefill GEMM (M >= 8): one chain y = fma(x_k, w_k, y) over k = 0 .. K-1 per output.
+// The output is rounded once, to the output dtype, after scale and bias.
+//
+// int4 packing: a row holds ceil(K/64) blocks of 32 bytes; byte j of block b holds the code of
+// k = 64b + j in its low nibble and of k = 64b + 32 + j in its high nibble (padding codes are 8).
+//
+// Threads: every kernel runs inside at::parallel_for (torch's intra-op pool: torch's own OpenMP runtime,
+// linked from torch's lib directory), handing out tiles of output rows through an atomic counter so that a
+// thread descheduled by another process does not hold up a fixed share of the work.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int kAbiVersion = 1;
+
+// ------------------------------------------------------------------------------------------------ ISA
+enum Isa : int64_t { PORTABLE = 0, AVX2 = 1, AVX512 = 2 };
+
+int64_t detect_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+  return PORTABLE;
+}
+
+const int64_t kCpuIsa = detect_isa();
+std::atomic<int64_t> g_isa_limit{AVX512};
+
+int64_t active_isa() { return std::min<int64_t>(kCpuIsa, g_isa_limit.load(std::memory_order_relaxed)); }
+
+// ------------------------------------------------------------------------------------------------ helpers
+inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// The lane tree of one 16-lane accumulator (the portable definition every path follows).
+inline float tree16(const float* a) {
+  float t8[8], t4[4], t2[2];
+  for (int i = 0; i < 8; ++i) t8[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+  for (int i = 0; i < 2; ++i) t2[i] = t4[i] + t4[i + 2];
+  return t2[0] + t2[1];
+}
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Hand out [begin, end) in tiles to torch's intra-op threads; each thread takes the next free tile.
+template <typename F>
+void parallel_tiles(int64_t ntiles, const F& fn) {
+  if (ntiles <= 0) return;
+  const int64_t nthreads = std::min<int64_t>(at::get_num_threads(), ntiles);
+  if (nthreads <= 1) {
+    for (int64_t t = 0; t < ntiles; ++t) fn(t);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, nthreads, 1, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      for (int64_t t = next.fetch_add(1); t < ntiles; t = next.fetch_add(1)) fn(t);
+    }
+  });
+}
+
+enum OutKind { OUT_F32 = 0, OUT_BF16 = 1, OUT_F16 = 2 };
+
+OutKind out_kind(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return OUT_F32;
+    case at::kBFloat16: return OUT_BF16;
+    case at::kHalf: return OUT_F16;
+    default: TORCH_CHECK(false, "quanta_cpu: x must be float32, bfloat16 or float16, got ", t);
+  }
+}
+
+inline void store_out(void* out, int64_t idx, float v, OutKind kind) {
+  switch (kind) {
+    case OUT_F32: static_cast<float*>(out)[idx] = v; break;
+    case OUT_BF16: static_cast<c10::BFloat16*>(out)[idx] = c10::BFloat16(v); break;
+    case OUT_F16: static_cast<c10::Half*>(out)[idx] = c10::Half(v); break;
+  }
+}
+
+// A 64-byte aligned float buffer (full-width vector loads never straddle two cache lines).
+class AlignedFloats {
+ public:
+  float* data() { return ptr_; }
+  const float* data() const { return ptr_; }
+  void reserve(size_t n) {
+    if (n <= cap_) return;
+    raw_.assign(n + 16, 0.0f);
+    const auto addr = reinterpret_cast<uintptr_t>(raw_.data());
+    ptr_ = raw_.data() + ((64 - addr % 64) % 64) / sizeof(float);
+    cap_ = n;
+  }
+  void zero(size_t n) {
+    reserve(n);
+    std::memset(ptr_, 0, n * sizeof(float));
+  }
+
+ private:
+  std::vector<float> raw_;
+  float* ptr_ = nullptr;
+  size_t cap_ = 0;
+};
+
+// Row stride of the float32 buffers: a row of Kp plus one cache line, so that rows 4 KiB apart do not all
+// fall into the same L1 sets.
+inline int64_t row_ld(int64_t Kp) { return Kp + 16; }
+
+// x [M, K] (fp32/bf16/fp16, contiguous) -> float32 [M, row_ld(Kp)], zero padded, exact.
+AlignedFloats widen_x(const at::Tensor& x, int64_t Kp) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t ld = row_ld(Kp);
+  AlignedFloats xf;
+  xf.zero(static_cast<size_t>(M * ld));
+  const auto kind = out_kind(x.scalar_type());
+  const void* src = x.data_ptr();
+  at::parallel_for(0, M, std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      float* d = xf.data() + m * ld;
+      if (kind == OUT_F32) {
+        std::memcpy(d, static_cast<const float*>(src) + m * K, K * sizeof(float));
+      } else if (kind == OUT_BF16) {
+        const uint16_t* s = static_cast<const uint16_t*>(src) + m * K;
+        for (int64_t k = 0; k < K; ++k) d[k] = bf16_to_float(s[k]);
+      } else {
+        const c10::Half* s = static_cast<const c10::Half*>(src) + m * K;
+        for (int64_t k = 0; k < K; ++k) d[k] = static_cast<float>(s[k]);
+      }
+    }
+  });
+  return xf;
+}
+
+// ------------------------------------------------------------------------------------------------ weights
+// A weight source gives, for row n and 16-lane chunk c (k = 16c .. 16c+15), the 16 float weights.
+struct Int8Rows {
+  const int8_t* w;  // [N, K]
+  int64_t K;
+};
+
+struct Int4Rows {
+  const uint8_t* p;    // [N, Kp/2]
+  const uint16_t* sz;  // bf16 [G, N, 2]
+  int64_t K, N, row_bytes, group, ngroups;
+  int gshift;          // log2(group)
+  // (scale, zero) of row n for the group holding k, as the 32 bits (zero << 16 | scale)
+  uint32_t sz_bits(int64_t n, int64_t k) const {
+    const int64_t g = std::min<int64_t>(k >> gshift, ngroups - 1);
+    uint32_t v;
+    std::memcpy(&v, sz + (g * N + n) * 2, 4);
+    return v;
+  }
+};
+
+
+// ---- portable
+inline void chunk_portable(const Int8Rows& src, int64_t n, int64_t c, float* out) {
+  const int8_t* row = src.w + n * src.K;
+  for (int l = 0; l < 16; ++l) {
+    const int64_t k = 16 * c + l;
+    out[l] = k < src.K ? static_cast<float>(row[k]) : 0.0f;
+  }
+}
+
+inline void chunk_portable(const Int4Rows& src, int64_t n, int64_t c, float* out) {
+  const uint8_t* blk = src.p + n * src.row_bytes + (c / 4) * 32;
+  const int q = static_cast<int>(c % 4);  // chunk within the 64-block: bytes (q%2)*16.., nibble q/2
+  const uint32_t bits = src.sz_bits(n, 16 * c);
+  const float s = bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF));
+  const float z = bf16_to_float(static_cast<uint16_t>(bits >> 16));
+  for (int l = 0; l < 16; ++l) {
+    const uint8_t b = blk[(q % 2) * 16 + l];
+    const int code = q < 2 ? (b & 15) : (b >> 4);
+    out[l] = std::fma(static_cast<float>(code - 8), s, z);
+  }
+}
+
+// R rows x MB activation rows, full K, portable. acc index j = r * MB + m.
+template <typename Src>
+void block_portable(const Src& src, const int64_t* rows, int R, const float* const* xr, int MB, int64_t nchunks,
+                    float* out /* [R*MB] */) {
+  std::vector<float> acc(static_cast<size_t>(R * MB * 16), 0.0f);
+  float w[16];
+  for (int64_t c = 0; c < nchunks; ++c) {
+    for (int r = 0; r < R; ++r) {
+      chunk_portable(src, rows[r], c, w);
+      for (int m = 0; m < MB; ++m) {
+        float* a = acc.data() + (r * MB + m) * 16;
+        const float* x = xr[m] + 16 * c;
+        for (int l = 0; l < 16; ++l) a[l] = std::fma(x[l], w[l], a[l]);
+      }
+    }
+  }
+  for (int j = 0; j < R * MB; ++j) out[j] = tree16(acc.data() + j * 16);
+}
+
+// ---- AVX2: 16 lanes as two 8-lane halves
+#define QUANTA_AVX2 __attribute__((target("avx2,fma")))
+
+QUANTA_AVX2 inline void chunk_avx2(const Int8Rows& src, int64_t n, int64_t c, __m256& lo, __m256& hi) {
+  const int8_t* p = src.w + n * src.K + 16 * c;
+  alignas(16) int8_t tmp[16];
+  if (16 * c + 16 > src.K) {
+    std::memset(tmp, 0, 16);
+    std::memcpy(tmp, p, static_cast<size_t>(src.K - 16 * c));
+    p = tmp;
+  }
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+}
+
+QUANTA_AVX2 inline void chunk_avx2(const Int4Rows& src, int64_t n, int64_t c, __m256& lo, __m256& hi) {
+  const uint8_t* blk = src.p + n * src.row_bytes + (c / 4) * 32;
+  const int q = static_cast<int>(c % 4);
+  const uint32_t bits = src.sz_bits(n, 16 * c);
+  const __m256 s = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)));
+  const __m256 z = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits >> 16)));
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q % 2) * 16));
+  if (q >= 2) b = _mm_srli_epi16(b, 4);
+  b = _mm_and_si128(b, _mm_set1_epi8(15));
+  const __m256 eight = _mm256_set1_ps(8.0f);
+  const __m256 cl = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), eight);
+  const __m256 ch = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), eight);
+  lo = _mm256_fmadd_ps(cl, s, z);
+  hi = _mm256_fmadd_ps(ch, s, z);
+}
+
+template <typename Src, int R, int MB>
+QUANTA_AVX2 void block_avx2(const Src& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
+                            float* out) {
+  __m256 lo[R * MB], hi[R * MB];
+  for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < nchunks; ++c) {
+    for (int r = 0; r < R; ++r) {
+      __m256 wl, wh;
+      chunk_avx2(src, rows[r], c, wl, wh);
+      for (int m = 0; m < MB; ++m) {
+        const float* x = xr[m] + 16 * c;
+        lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
+        hi[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), wh, hi[r * MB + m]);
+      }
+    }
+  }
+  for (int j = 0; j < R * MB; ++j) {
+    alignas(32) float t8[8];
+    _mm256_store_ps(t8, _mm256_add_ps(lo[j], hi[j]));
+    float t4[4], t2[2];
+    for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+    for (int i = 0; i < 2; ++i) t2[i] = t4[i] + t4[i + 2];
+    out[j] = t2[0] + t2[1];
+  }
+}
+
+// ---- AVX-512
+#define QUANTA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
+
+QUANTA_AVX512 inline __m512 chunk_avx512(const Int8Rows& src, int64_t n, int64_t c) {
+  const int8_t* p = src.w + n * src.K + 16 * c;
+  const int64_t left = src.K - 16 * c;
+  const __m128i b = left >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                               : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << left) - 1u), p);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+
+// 16 accumulators -> one vector whose lane j is tree16(a[j]) (the same tree, on 16 sources at once).
+QUANTA_AVX512 inline __m512 reduce16_avx512(const __m512* a) {
+  __m512 v[16], C[8], D[4], E[2];
+  for (int s = 0; s < 16; ++s) v[s] = a[(s & 3) * 4 + (s >> 2)];
+  for (int j = 0; j < 8; ++j)
+    C[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)
+    D[j] = _mm512_add_ps(_mm512_shuffle_f32x4(C[2 * j], C[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(C[2 * j], C[2 * j + 1], 0xDD));
+  for (int j = 0; j < 2; ++j)
+    E[j] = _mm512_add_ps(_mm512_shuffle_ps(D[2 * j], D[2 * j + 1], 0x44),
+                         _mm512_shuffle_ps(D[2 * j], D[2 * j + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(E[0], E[1], 0x88), _mm512_shuffle_ps(E[0], E[1], 0xDD));
+}
+
+template <int R, int MB>
+QUANTA_AVX512 void block_avx512(const Int8Rows& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
+                                float* out) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  const int8_t* rp[R];
+  for (int r = 0; r < R; ++r) rp[r] = src.w + rows[r] * src.K;
+  const int64_t full = src.K / 16;
+  int64_t c = 0;
+  for (; c < full; ++c) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 w = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 16 * c))));
+      for (int m = 0; m < MB; ++m) acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + 16 * c), w, acc[r * MB + m]);
+    }
+  }
+  for (; c < nchunks; ++c) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 w = chunk_avx512(src, rows[r], c);
+      for (int m = 0; m < MB; ++m) acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + 16 * c), w, acc[r * MB + m]);
+    }
+  }
+  alignas(64) float t[16];
+  _mm512_store_ps(t, reduce16_avx512(acc));
+  for (int j = 0; j < R * MB; ++j) out[j] = t[j];
+}
+
+// (scale, zero) bits (zero << 16 | scale) -> two broadcast float vectors
+QUANTA_AVX512 inline void sz_avx512(uint32_t bits, __m512& s, __m512& z) {
+  const __m512i v = _mm512_set1_epi32(static_cast<int32_t>(bits));
+  s = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  z = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+}
+
+// The 4 chunks (64 weights) of int4 block b of row n, dequantized, in k order.
+QUANTA_AVX512 inline void block4_avx512(const Int4Rows& src, const uint8_t* row, int64_t n, int64_t b, __m512* w) {
+  const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 32 * b)));
+  const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 32 * b + 16)));
+  const uint32_t ba = src.sz_bits(n, 64 * b), bb = src.sz_bits(n, 64 * b + 32);
+  __m512 sa, za, sb, zb;
+  sz_avx512(ba, sa, za);
+  if (bb == ba) {
+    sb = sa;
+    zb = za;
+  } else {
+    sz_avx512(bb, sb, zb);
+  }
+  // chunks in k order: v0 low nibbles, v1 low, v0 high, v1 high; vpermps reads bits 3..0 of the index
+  w[0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v0, lut), sa, za);
+  w[1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v1, lut), sa, za);
+  w[2] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut), sb, zb);
+  w[3] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut), sb, zb);
+}
+
+template <int R, int MB>
+QUANTA_AVX512 void block_avx512(const Int4Rows& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
+                                float* out) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  const uint8_t* rp[R];
+  for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
+  const int64_t nblocks = nchunks / 4;  // nchunks is a multiple of 4 here (64-k blocks)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    for (int r = 0; r < R; ++r) {
+      __m512 w[4];
+      block4_avx512(src, rp[r], rows[r], b, w);
+      for (int q = 0; q < 4; ++q)
+        for (int m = 0; m < MB; ++m)
+          acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + 64 * b + 16 * q), w[q], acc[r * MB + m]);
+    }
+  }
+  alignas(64) float t[16];
+  _mm512_store_ps(t, reduce16_avx512(acc));
+  for (int j = 0; j < R * MB; ++j) out[j] = t[j];
+}
+
+// ------------------------------------------------------------------------------------------------ driver
+// Rows per block for MB activation rows (R * MB <= 16 accumulators).
+constexpr int rows_for(int mb) { return mb == 1 ? 16 : mb == 2 ? 8 : mb == 3 ? 5 : 4; }
+
+template <typename Src, int MB>
+void run_block(int64_t isa, const Src& src, const int64_t* rows, int R, const float* const* xr, int64_t nchunks,
+               float* out) {
+  constexpr int RMAX = rows_for(MB);
+  if (isa == AVX512 && R == RMAX) {
+    block_avx512<RMAX, MB>(src, rows, xr, nchunks, out);
+  } else if (isa >= AVX2 && R == RMAX) {
+    block_avx2<Src, RMAX, MB>(src, rows, xr, nchunks, out);
+  } else {
+    block_portable(src, rows, R, xr, MB, nchunks, out);
+  }
+}
+
+// The whole [M, N] output; epi(n, m, sum) writes one output element.
+//  decode (M < kPrefillMinRows): tiles of 16 weight rows; blocks of rows_for(mb) rows x mb <= 4 activation
+//    rows, the weights converted in registers as they stream past, each output summed in 16 lanes + tree.
+//  prefill (M >= kPrefillMinRows): run_prefill below, one fma chain per output.
+constexpr int64_t kDecodeTileRows = 16;
+constexpr int64_t kPrefillMinRows = 8;
+
+
+template <typename Src, typename Epi>
+void run_decode(int64_t isa, const Src& src, int64_t N, int64_t M, const float* xf, int64_t Kp, int64_t nchunks,
+                const Epi& epi) {
+  const int64_t ntiles = (N + kDecodeTileRows - 1) / kDecodeTileRows;
+  parallel_tiles(ntiles, [&](int64_t t) {
+    const int64_t n0 = t * kDecodeTileRows, n1 = std::min(N, n0 + kDecodeTileRows);
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int mb = static_cast<int>(std::min<int64_t>(4, M - m0));
+      const int rmax = rows_for(mb);
+      const float* xr[4];
+      for (int m = 0; m < mb; ++m) xr[m] = xf + (m0 + m) * row_ld(Kp);
+      for (int64_t nb = n0; nb < n1; nb += rmax) {
+        int64_t rows[16];
+        const int R = static_cast<int>(std::min<int64_t>(rmax, n1 - nb));
+        // a partial block runs full width on repeated rows (the extra results are dropped)
+        for (int r = 0; r < rmax; ++r) rows[r] = nb + std::min(r, R - 1);
+        float out[16];
+        switch (mb) {
+          case 1: run_block<Src, 1>(isa, src, rows, rmax, xr, nchunks, out); break;
+          case 2: run_block<Src, 2>(isa, src, rows, rmax, xr, nchunks, out); break;
+          case 3: run_block<Src, 3>(isa, src, rows, rmax, xr, nchunks, out); break;
+          default: run_block<Src, 4>(isa, src, rows, rmax, xr, nchunks, out); break;
+        }
+        for (int r = 0; r < R; ++r)
+          for (int m = 0; m < mb; ++m) epi(nb + r, m0 + m, out[r * mb + m]);
+      }
+    }
+  });
+}
+
+// ---- prefill (M >= kPrefillMinRows): a GEMM with a different, equally fixed order. Each output is ONE
+// chain y = fma(x_k, w_k, y) over k = 0 .. K-1 (from y = 0), the same on every instruction set. The weights of
+// a panel of 64 rows and a block of kKc k's are dequantized (to the same float32 values the decode path uses)
+// and transposed into a cache Bp[k][64]; the micro-kernel keeps 6 activation rows x 64 outputs in registers,
+// broadcasting x[m][k] against four 16-wide rows of Bp.
+constexpr int64_t kPanel = 64, kKc = 128, kMr = 6;
+
+// Bp[kk][i] = w[n0 + i][k0 + kk] for kk < kc, i < 64 (rows past N repeat the last row; their outputs are dropped).
+inline void dequant_T_portable(const Int8Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc, float* Bp) {
+  for (int64_t i = 0; i < kPanel; ++i) {
+    const int8_t* row = src.w + (n0 + std::min(i, nrows - 1)) * src.K;
+    for (int64_t kk = 0; kk < kc; ++kk) Bp[kk * kPanel + i] = static_cast<float>(row[k0 + kk]);
+  }
+}
+
+inline void dequant_T_portable(const Int4Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc, float* Bp) {
+  for (int64_t i = 0; i < kPanel; ++i) {
+    const int64_t n = n0 + std::min(i, nrows - 1);
+    const uint8_t* row = src.p + n * src.row_bytes;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t k = k0 + kk;
+      const uint8_t byte = row[(k / 64) * 32 + (k % 32)];
+      const int code = (k % 64) < 32 ? (byte & 15) : (byte >> 4);
+      const uint32_t bits = src.sz_bits(n, k);
+      Bp[kk * kPanel + i] = std::fma(static_cast<float>(code - 8), bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)),
+                                     bf16_to_float(static_cast<uint16_t>(bits >> 16)));
+    }
+  }
+}
+
+QUANTA_AVX512 void dequant_T_avx512(const Int8Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc,
+                                    float* Bp) {
+  const int64_t kfull = std::min(kc, ((src.K - k0) / 4) * 4);  // 4-k groups read whole (never past a row end)
+  for (int64_t j = 0; j < kPanel / 16; ++j) {
+    alignas(64) int32_t off[16];
+    for (int i = 0; i < 16; ++i) off[i] = static_cast<int32_t>((std::min<int64_t>(16 * j + i, nrows - 1)) * src.K);
+    const __m512i vo = _mm512_load_si512(off);
+    const int8_t* base = src.w + n0 * src.K + k0;
+    for (int64_t kk = 0; kk < kfull; kk += 4) {
+      const __m512i g = _mm512_i32gather_epi32(vo, base + kk, 1);  // 4 k's of 16 rows
+      _mm512_storeu_ps(Bp + (kk + 0) * kPanel + 16 * j, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(g, 24), 24)));
+      _mm512_storeu_ps(Bp + (kk + 1) * kPanel + 16 * j, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(g, 16), 24)));
+      _mm512_storeu_ps(Bp + (kk + 2) * kPanel + 16 * j, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(g, 8), 24)));
+      _mm512_storeu_ps(Bp + (kk + 3) * kPanel + 16 * j, _mm512_cvtepi32_ps(_mm512_srai_epi32(g, 24)));
+    }
+  }
+  if (kfull < kc) {  // the last few k's of the row
+    for (int64_t i = 0; i < kPanel; ++i) {
+      const int8_t* row = src.w + (n0 + std::min(i, nrows - 1)) * src.K;
+      for (int64_t kk = kfull; kk < kc; ++kk) Bp[kk * kPanel + i] = static_cast<float>(row[k0 + kk]);
+    }
+  }
+}
+
+QUANTA_AVX512 void dequant_T_avx512(const Int4Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc,
+                                    float* Bp) {
+  // k0 and kc are multiples of 64 here (kKc is; the packed rows are padded to 64), so whole 32-byte blocks
+  const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t j = 0; j < kPanel / 16; ++j) {
+    alignas(64) int32_t off[16];
+    int64_t rows[16];
+    for (int i = 0; i < 16; ++i) {
+      rows[i] = n0 + std::min<int64_t>(16 * j + i, nrows - 1);
+      off[i] = static_cast<int32_t>((rows[i] - n0) * src.row_bytes);
+    }
+    const __m512i vo = _mm512_load_si512(off);
+    for (int64_t kb = 0; kb < kc; kb += 64) {
+      const int64_t k = k0 + kb;
+      __m512 s[2], z[2];  // rows' (scale, zero) for k .. k+31 and k+32 .. k+63
+      for (int h = 0; h < 2; ++h) {
+        alignas(64) float sv[16], zv[16];
+        for (int i = 0; i < 16; ++i) {
+          const uint32_t bits = src.sz_bits(rows[i], k + 32 * h);
+          sv[i] = bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF));
+          zv[i] = bf16_to_float(static_cast<uint16_t>(bits >> 16));
+        }
+        s[h] = _mm512_load_ps(sv);
+        z[h] = _mm512_load_ps(zv);
+      }
+      const uint8_t* base = src.p + n0 * src.row_bytes + (k / 64) * 32;
+      for (int64_t q = 0; q < 32; q += 4) {
+        const __m512i g = _mm512_i32gather_epi32(vo, base + q, 1);  // bytes q..q+3 of 16 rows
+        for (int t = 0; t < 4; ++t) {
+          const __m512i bt = _mm512_srli_epi32(g, 8 * t);
+          const __m512 lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(bt, lut), s[0], z[0]);
+          const __m512 hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(bt, 4), lut), s[1], z[1]);
+          _mm512_storeu_ps(Bp + (kb + q + t) * kPanel + 16 * j, lo);
+          _mm512_storeu_ps(Bp + (kb + 32 + q + t) * kPanel + 16 * j, hi);
+        }
+      }
+    }
+  }
+}
+
+// C[m][0..63] (+)= sum_{kk < kc} x[m][kk] * Bp[kk][0..63] for MR rows, one fma chain per output.
+template <int MR>
+QUANTA_AVX512 void gemm_mk_avx512(const float* Bp, const float* const* xr, int64_t kc, float* C, bool first) {
+  __m512 c[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 4; ++j) c[m][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(C + m * kPanel + 16 * j);
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const float* b = Bp + kk * kPanel;
+    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), b2 = _mm512_load_ps(b + 32),
+                 b3 = _mm512_load_ps(b + 48);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_set1_ps(xr[m][kk]);
+      c[m][0] = _mm512_fmadd_ps(xv, b0, c[m][0]);
+      c[m][1] = _mm512_fmadd_ps(xv, b1, c[m][1]);
+      c[m][2] = _mm512_fmadd_ps(xv, b2, c[m][2]);
+      c[m][3] = _mm512_fmadd_ps(xv, b3, c[m][3]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
+}
+
+template <int MR>
+QUANTA_AVX2 void gemm_mk_avx2(const float* Bp, const float* const* xr, int64_t kc, float* C, bool first) {
+  for (int j = 0; j < 8; ++j) {  // 8-wide slices of the 64 outputs: each output's chain is unchanged
+    __m256 c[MR];
+    for (int m = 0; m < MR; ++m) c[m] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(C + m * kPanel + 8 * j);
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const __m256 b = _mm256_loadu_ps(Bp + kk * kPanel + 8 * j);
+      for (int m = 0; m < MR; ++m) c[m] = _mm256_fmadd_ps(_mm256_set1_ps(xr[m][kk]), b, c[m]);
+    }
+    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(C + m * kPanel + 8 * j, c[m]);
+  }
+}
+
+void gemm_mk_portable(int mr, const float* Bp, const float* const* xr, int64_t kc, float* C, bool first) {
+  for (int m = 0; m < mr; ++m)
+    for (int64_t i = 0; i < kPanel; ++i) {
+      float acc = first ? 0.0f : C[m * kPanel + i];
+      for (int64_t kk = 0; kk < kc; ++kk) acc = std::fma(xr[m][kk], Bp[kk * kPanel + i], acc);
+      C[m * kPanel + i] = acc;
+    }
+}
+
+template <int MR>
+void gemm_mk(int64_t isa, const float* Bp, const float* const* xr, int64_t kc, float* C, bool first) {
+  if (isa == AVX512) {
+    gemm_mk_avx512<MR>(Bp, xr, kc, C, first);
+  } else if (isa == AVX2) {
+    gemm_mk_avx2<MR>(Bp, xr, kc, C, first);
+  } else {
+    gemm_mk_portable(MR, Bp, xr, kc, C, first);
+  }
+}
+
+template <typename Src>
+void dequant_T(int64_t isa, const Src& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc, float* Bp) {
+  if (isa == AVX512) {
+    dequant_T_avx512(src, n0, nrows, k0, kc, Bp);
+  } else {
+    dequant_T_portable(src, n0, nrows, k0, kc, Bp);
+  }
+}
+
+template <typename Src, typename Epi>
+void run_prefill(int64_t isa, const Src& src, int64_t N, int64_t M, int64_t K, const float* xf, int64_t Kp,
+                 const Epi& epi) {
+  const int64_t npanels = (N + kPanel - 1) / kPanel;
+  const int64_t ld = row_ld(Kp);
+  parallel_tiles(npanels, [&](int64_t t) {
+    const int64_t n0 = t * kPanel, nrows = std::min(N, n0 + kPanel) - n0;
+    thread_local AlignedFloats bp, cbuf;
+    bp.reserve(static_cast<size_t>(kKc * kPanel));
+    cbuf.reserve(static_cast<size_t>(M * kPanel));
+    for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+      const int64_t kc = std::min(kKc, K - k0);
+      // int4 reads whole 64-k blocks: dequantize up to the padded end (the extra k's are never used)
+      dequant_T(isa, src, n0, nrows, k0, std::is_same<Src, Int4Rows>::value ? std::min(kKc, Kp - k0) : kc, bp.data());
+      for (int64_t m0 = 0; m0 < M; m0 += kMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMr, M - m0));
+        const float* xr[kMr];
+        for (int m = 0; m < mr; ++m) xr[m] = xf + (m0 + m) * ld + k0;
+        float* C = cbuf.data() + m0 * kPanel;
+        switch (mr) {
+          case 1: gemm_mk<1>(isa, bp.data(), xr, kc, C, k0 == 0); break;
+          case 2: gemm_mk<2>(isa, bp.data(), xr, kc, C, k0 == 0); break;
+          case 3: gemm_mk<3>(isa, bp.data(), xr, kc, C, k0 == 0); break;
+          case 4: gemm_mk<4>(isa, bp.data(), xr, kc, C, k0 == 0); break;
+          case 5: gemm_mk<5>(isa, bp.data(), xr, kc, C, k0 == 0); break;
+          default: gemm_mk<6>(isa, bp.data(), xr, kc, C, k0 == 0); break;
+        }
+      }
+    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i = 0; i < nrows; ++i) epi(n0 + i, m, cbuf.data()[m * kPanel + i]);
+  });
+}
+
+template <typename Src, typename Epi>
+void run_linear(const Src& src, int64_t N, int64_t M, const AlignedFloats& xf, int64_t Kp, int64_t nchunks,
+                const Epi& epi) {
+  const int64_t isa = active_isa();
+  if (M < kPrefillMinRows) {
+    run_decode(isa, src, N, M, xf.data(), Kp, nchunks, epi);
+  } else {
+    run_prefill(isa, src, N, M, src.K, xf.data(), Kp, epi);
+  }
+}
+
+void check_x(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.is_contiguous() && x.device().is_cpu(),
+              "quanta_cpu: x must be a contiguous CPU [M, ", K, "] matrix");
+}
+
+const float* bias_ptr(const c10::optional<at::Tensor>& bias, int64_t N) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
+              "quanta_cpu: bias must be a contiguous float32 [N] tensor");
+  return bias->data_ptr<float>();
+}
+
+// ------------------------------------------------------------------------------------------------ ops
+at::Tensor int8_weight_only_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                                   const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous(), "quanta_cpu: w must be int8 [N, K]");
+  const int64_t N = w.size(0), K = w.size(1), M = x.size(0);
+  check_x(x, K);
+  TORCH_CHECK(scale.scalar_type() == at::kBFloat16 && scale.is_contiguous() && scale.numel() == N,
+              "quanta_cpu: scale must be bfloat16 [N]");
+  const float* b = bias_ptr(bias, N);
+  const auto kind = out_kind(x.scalar_type());
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const int64_t Kp = round_up(std::max<int64_t>(K, 1), 64);
+  const auto xf = widen_x(x, Kp);
+  const Int8Rows src{w.data_ptr<int8_t>(), K};
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(scale.data_ptr());
+  void* out = y.data_ptr();
+  run_linear(src, N, M, xf, Kp, (K + 15) / 16, [&](int64_t n, int64_t m, float v) {
+    float r = v * bf16_to_float(s[n]);
+    if (b) r = r + b[n];
+    store_out(out, m * N + n, r, kind);
+  });
+  return y;
+}
+
+at::Tensor int4_weight_only_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz,
+                                   int64_t group_size, int64_t K, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+              "quanta_cpu: packed must be uint8 [N, ceil(K/64)*32]");
+  const int64_t N = packed.size(0), M = x.size(0);
+  const int64_t Kp = round_up(std::max<int64_t>(K, 1), 64);
+  TORCH_CHECK(packed.size(1) == Kp / 2, "quanta_cpu: packed has ", packed.size(1), " bytes a row, K = ", K,
+              " needs ", Kp / 2);
+  TORCH_CHECK(group_size > 0 && group_size % 16 == 0, "quanta_cpu: group_size must be a multiple of 16");
+  const int64_t ngroups = (K + group_size - 1) / group_size;
+  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.dim() == 3 && sz.size(0) == ngroups &&
+                  sz.size(1) == N && sz.size(2) == 2,
+              "quanta_cpu: scale_and_zero must be bfloat16 [ceil(K/group_size), N, 2]");
+  check_x(x, K);
+  const float* b = bias_ptr(bias, N);
+  const auto kind = out_kind(x.scalar_type());
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const auto xf = widen_x(x, Kp);
+  TORCH_CHECK((group_size & (group_size - 1)) == 0, "quanta_cpu: group_size must be a power of two");
+  const Int4Rows src{packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), K, N, Kp / 2,
+                     group_size, ngroups, __builtin_ctzll(static_cast<unsigned long long>(group_size))};
+  void* out = y.data_ptr();
+  run_linear(src, N, M, xf, Kp, Kp / 16, [&](int64_t n, int64_t m, float v) {
+    store_out(out, m * N + n, b ? v + b[n] : v, kind);
+  });
+  return y;
+}
+
+// ---- int8 x int8 -> int32 (exact; any order gives the same bits)
+// x_u8 = q_x + 128 in [0, 255], zero padded to Kp; acc = sum x_u8 * w = sum q_x w + 128 colsum.
+template <int R, int MB>
+QUANTA_AVX512 void dot_i8_avx512(const int8_t* w, int64_t K, const int64_t* rows, const uint8_t* const* xr,
+                                 int32_t* out) {
+  __m512i acc[R * MB];
+  for (int j = 0; j < R * MB; ++j) acc[j] = _mm512_setzero_si512();
+  const int64_t full = K / 64;
+  for (int64_t c = 0; c <= full; ++c) {
+    const int64_t left = K - 64 * c;
+    if (left <= 0) break;
+    const __mmask64 mask = left >= 64 ? ~0ULL : ((1ULL << left) - 1ULL);
+    for (int r = 0; r < R; ++r) {
+      const __m512i wv = _mm512_maskz_loadu_epi8(mask, w + rows[r] * K + 64 * c);
+      for (int m = 0; m < MB; ++m)
+        acc[r * MB + m] = _mm512_dpbusd_epi32(acc[r * MB + m], _mm512_loadu_si512(xr[m] + 64 * c), wv);
+    }
+  }
+  for (int j = 0; j < R * MB; ++j) out[j] = _mm512_reduce_add_epi32(acc[j]);
+}
+
+template <int R, int MB>
+QUANTA_AVX2 void dot_i8_avx2(const int8_t* w, int64_t K, const int64_t* rows, const uint8_t* const* xr,
+                             int32_t* out) {
+  __m256i acc[R * MB];
+  for (int j = 0; j < R * MB; ++j) acc[j] = _mm256_setzero_si256();
+  alignas(16) int8_t tmp[16];
+  for (int64_t c = 0; 16 * c < K; ++c) {
+    const int64_t left = K - 16 * c;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* p = w + rows[r] * K + 16 * c;
+      if (left < 16) {
+        std::memset(tmp, 0, 16);
+        std::memcpy(tmp, p, static_cast<size_t>(left));
+        p = tmp;
+      }
+      const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      for (int m = 0; m < MB; ++m) {
+        const __m256i xv = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[m] + 16 * c)));
+        acc[r * MB + m] = _mm256_add_epi32(acc[r * MB + m], _mm256_madd_epi16(xv, wv));
+      }
+    }
+  }
+  for (int j = 0; j < R * MB; ++j) {
+    alignas(32) int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), acc[j]);
+    int32_t s = 0;
+    for (int i = 0; i < 8; ++i) s += t[i];
+    out[j] = s;
+  }
+}
+
+void dot_i8_portable(const int8_t* w, int64_t K, const int64_t* rows, int R, const uint8_t* const* xr, int MB,
+                     int32_t* out) {
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) {
+      const int8_t* wr = w + rows[r] * K;
+      int32_t s = 0;
+      for (int64_t k = 0; k < K; ++k) s += static_cast<int32_t>(xr[m][k]) * static_cast<int32_t>(wr[k]);
+      out[r * MB + m] = s;
+    }
+}
+
+template <int MB>
+void run_dot_block(int64_t isa, const int8_t* w, int64_t K, const int64_t* rows, int R, const uint8_t* const* xr,
+                   int32_t* out) {
+  constexpr int RMAX = rows_for(MB);
+  if (isa == AVX512 && R == RMAX) {
+    dot_i8_avx512<RMAX, MB>(w, K, rows, xr, out);
+  } else if (isa >= AVX2 && R == RMAX) {
+    dot_i8_avx2<RMAX, MB>(w, K, rows, xr, out);
+  } else {
+    dot_i8_portable(w, K, rows, R, xr, MB, out);
+  }
+}
+
+at::Tensor int8_dynamic_linear(const at::Tensor& qx, const c10::optional<at::Tensor>& zx, const at::Tensor& sx,
+                               const at::Tensor& w, const at::Tensor& sw, const at::Tensor& colsum,
+                               const c10::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous(), "quanta_cpu: w must be int8 [N, K]");
+  const int64_t N = w.size(0), K = w.size(1), M = qx.size(0);
+  TORCH_CHECK(qx.scalar_type() == at::kChar && qx.dim() == 2 && qx.size(1) == K && qx.is_contiguous(),
+              "quanta_cpu: qx must be int8 [M, K]");
+  TORCH_CHECK(sx.scalar_type() == at::kFloat && sx.numel() == M && sx.is_contiguous(), "quanta_cpu: sx float32 [M]");
+  TORCH_CHECK(sw.scalar_type() == at::kFloat && sw.numel() == N && sw.is_contiguous(), "quanta_cpu: sw float32 [N]");
+  TORCH_CHECK(colsum.scalar_type() == at::kInt && colsum.numel() == N && colsum.is_contiguous(),
+              "quanta_cpu: colsum int32 [N]");
+  const int8_t* zp = nullptr;
+  if (zx.has_value()) {
+    TORCH_CHECK(zx->scalar_type() == at::kChar && zx->numel() == M && zx->is_contiguous(), "quanta_cpu: zx int8 [M]");
+    zp = zx->data_ptr<int8_t>();
+  }
+  const float* b = bias_ptr(bias, N);
+  const auto kind = out_kind(out_dtype);
+  at::Tensor y = at::empty({M, N}, qx.options().dtype(out_dtype));
+  if (M == 0 || N == 0) return y;
+  const int64_t Kp = round_up(std::max<int64_t>(K, 1), 64);
+  std::vector<uint8_t> xu(static_cast<size_t>(M * Kp), 0);
+  const int8_t* q = qx.data_ptr<int8_t>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xu[m * Kp + k] = static_cast<uint8_t>(static_cast<int32_t>(q[m * K + k]) + 128);
+  const int64_t isa = active_isa();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* sxp = sx.data_ptr<float>();
+  const float* swp = sw.data_ptr<float>();
+  const int32_t* cs = colsum.data_ptr<int32_t>();
+  void* out = y.data_ptr();
+  const int64_t tile_rows = M <= 4 ? 16 : 64;
+  const int64_t ntiles = (N + tile_rows - 1) / tile_rows;
+  parallel_tiles(ntiles, [&](int64_t t) {
+    const int64_t n0 = t * tile_rows, n1 = std::min(N, n0 + tile_rows);
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int mb = static_cast<int>(std::min<int64_t>(4, M - m0));
+      const int rmax = rows_for(mb);
+      const uint8_t* xr[4];
+      for (int m = 0; m < mb; ++m) xr[m] = xu.data() + (m0 + m) * Kp;
+      for (int64_t nb = n0; nb < n1; nb += rmax) {
+        int64_t rows[16];
+        const int R = static_cast<int>(std::min<int64_t>(rmax, n1 - nb));
+        for (int r = 0; r < rmax; ++r) rows[r] = nb + std::min(r, R - 1);
+        int32_t acc[16];
+        switch (mb) {
+          case 1: run_dot_block<1>(isa, wp, K, rows, rmax, xr, acc); break;
+          case 2: run_dot_block<2>(isa, wp, K, rows, rmax, xr, acc); break;
+          case 3: run_dot_block<3>(isa, wp, K, rows, rmax, xr, acc); break;
+          default: run_dot_block<4>(isa, wp, K, rows, rmax, xr, acc); break;
+        }
+        for (int r = 0; r < R; ++r) {
+          const int64_t n = nb + r;
+          for (int m = 0; m < mb; ++m) {
+            const int64_t mm = m0 + m;
+            // int32 arithmetic with wrap-around, as the reference's int32 tensors do
+            const int64_t z = zp ? static_cast<int64_t>(zp[mm]) : 0;
+            const int32_t a = static_cast<int32_t>(static_cast<uint32_t>(
+                static_cast<int64_t>(acc[r * mb + m]) - (128 + z) * static_cast<int64_t>(cs[n])));
+            float v = static_cast<float>(a) * sxp[mm];
+            v = v * swp[n];
+            if (b) v = v + b[n];
+            store_out(out, mm * N + n, v, kind);
+          }
+        }
+      }
+    }
+  });
+  return y;
+}
+
+int64_t set_isa_limit(int64_t level) {
+  TORCH_CHECK(level >= PORTABLE && level <= AVX512, "quanta_cpu: isa level must be 0, 1 or 2");
+  g_isa_limit.store(level);
+  return active_isa();
+}
+
+int64_t cpu_isa() { return kCpuIsa; }
+int64_t current_isa() { return active_isa(); }
+int64_t abi_version() { return kAbiVersion; }
+
+}  // namespace
+
+TORCH_LIBRARY(quanta_cpu, m) {
+  m.def("int8_weight_only_linear(Tensor x, Tensor w, Tensor scale, Tensor? bias) -> Tensor");
+  m.def("int4_weight_only_linear(Tensor x, Tensor packed, Tensor scale_and_zero, int group_size, int K, "
+        "Tensor? bias) -> Tensor");
+  m.def("int8_dynamic_linear(Tensor qx, Tensor? zx, Tensor sx, Tensor w, Tensor sw, Tensor colsum, Tensor? bias, "
+        "ScalarType out_dtype) -> Tensor");
+  m.def("set_isa_limit(int level) -> int", &set_isa_limit);
+  m.def("cpu_isa() -> int", &cpu_isa);
+  m.def("current_isa() -> int", &current_isa);
+  m.def("abi_version() -> int", &abi_version);
+}
+
+TORCH_LIBRARY_IMPL(quanta_cpu, CPU, m) {
+  m.impl("int8_weight_only_linear", &int8_weight_only_linear);
+  m.impl("int4_weight_only_linear", &int4_weight_only_linear);
+  m.impl("int8_dynamic_linear", &int8_dynamic_linear);
+}
+

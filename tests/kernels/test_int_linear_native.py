@@ -1,0 +1,224 @@
+"""quanta's native integer-linear kernels: every instruction-set path, every shape class, threads, fallback.
+
+The AVX-512, AVX2 and portable paths follow one summation order per path
+(decode GEMV for fewer than 8 rows, prefill GEMM from 8), so they must agree bit
+for bit; each must also agree with the reference implementation within the
+documented float32 bound (the int8 dynamic path exactly). Shapes cover K not a
+multiple of 16 or of the group, odd N, and M from 1 to 600.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from quanta.kernels import int_linear_native as native
+from quanta.kernels import int_linear_reference as ref
+from quanta.kernels.int_linear import (
+    int4_cpu_linear,
+    int8_dynamic_activation_linear,
+    int8_weight_only_linear,
+    pack_int4_cpu,
+    prepare_int8_dynamic,
+    prepare_int8_weight_only,
+    quantize_per_token_int8,
+)
+
+pytestmark = pytest.mark.skipif(native.ops() is None, reason=f"native kernels {native.status()}")
+
+_ISAS = native.ISA_NAMES[: native.ISA_NAMES.index(native.cpu_isa()) + 1] if native.ops() is not None else ()
+_U = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+
+# (M, N, K): M around the GEMV/GEMM switch (8) and the register blocks (4 rows, 6 rows), N odd and around the
+# 16-row tiles and 64-row panels, K around the 16-lane chunks, the 64-k int4 blocks and the 128-k GEMM blocks
+SHAPES = [(1, 1, 1), (1, 33, 100), (2, 17, 16), (3, 65, 129), (4, 7, 63), (5, 31, 17), (7, 64, 64),
+          (8, 9, 300), (9, 66, 65), (13, 130, 257), (16, 33, 4), (33, 5, 128), (64, 127, 31), (600, 19, 45)]
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _per_isa(fn):
+    """``fn()`` on every instruction set this CPU has: results by name."""
+    out = {}
+    for isa in _ISAS:
+        with native.force_isa(isa):
+            out[isa] = fn()
+    return out
+
+
+def _assert_all_equal(results):
+    first = next(iter(results.values()))
+    for isa, y in results.items():
+        assert torch.equal(y, first), f"{isa} differs from {next(iter(results))}"
+
+
+def _assert_within_bound(y, x, w_deq, bias, dtype, extra_terms=2):
+    k = w_deq.shape[1]
+    xd = x.double().reshape(-1, k)
+    want = xd @ w_deq.T
+    mag = xd.abs() @ w_deq.abs().T
+    b = 0.0 if bias is None else bias.double().abs()
+    tol = (k + extra_terms) * 2.0**-24 * mag + _U[dtype] * (want.abs() + b) + 1e-30
+    if bias is not None:
+        want = want + bias.double()
+    err = (y.double().reshape(want.shape) - want).abs()
+    assert bool((err <= tol).all()), f"max excess {float((err - tol).max()):.3g}"
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int8_weight_only_every_isa_same_bits(m, n, k, dtype):
+    g = _gen(m * 1000 + n + k)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g) * 0.02 + 1e-3)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype) if n % 2 else None
+    results = _per_isa(lambda: int8_weight_only_linear(x, qw, s, bias))
+    _assert_all_equal(results)
+    _assert_within_bound(results[_ISAS[0]], x, w.double() * s.double()[:, None], bias, dtype)
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_every_isa_same_bits(m, n, k, group_size):
+    g = _gen(m * 1000 + n + k + group_size)
+    groups = -(-k // group_size)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    packed, sz = pack_int4_cpu(codes, torch.rand(n, groups, generator=g) * 0.1 + 0.01,
+                               torch.randn(n, groups, generator=g) * 0.1, group_size)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    results = _per_isa(lambda: int4_cpu_linear(x, packed, sz, group_size, n))
+    _assert_all_equal(results)
+    w_deq = ref.int4_dequantize_reference(packed, sz, group_size, k).double()
+    _assert_within_bound(results[_ISAS[0]], x, w_deq, None, torch.bfloat16)
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int8_dynamic_every_isa_equals_the_integer_reference(m, n, k, symmetric):
+    g = _gen(m * 1000 + n + k + symmetric)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    wt, s_w, cs = prepare_int8_dynamic(w, torch.rand(n, generator=g) * 0.01 + 1e-3)
+    x = (torch.randn(m, k, generator=g) + 0.3).to(torch.bfloat16)
+    bias = torch.randn(n, generator=g) if m % 2 else None
+    q, s_x, z_x = quantize_per_token_int8(x, symmetric=symmetric)
+    want = ref.int8_dynamic_reference(q, z_x, s_x, w, s_w, cs, bias, x.dtype)
+    results = _per_isa(lambda: int8_dynamic_activation_linear(x, wt, s_w, cs, bias, act_symmetric=symmetric))
+    for isa, y in results.items():
+        assert torch.equal(y, want), isa
+
+
+@pytest.mark.parametrize("group_size", [64, 256])
+def test_int4_group_sizes_64_and_256_every_isa(group_size):
+    n, k = 45, 700
+    g = _gen(group_size)
+    groups = -(-k // group_size)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    packed, sz = pack_int4_cpu(codes, torch.rand(n, groups, generator=g), torch.randn(n, groups, generator=g),
+                               group_size)
+    for m in (1, 3, 12):
+        x = torch.randn(m, k, generator=g)
+        results = _per_isa(lambda: int4_cpu_linear(x, packed, sz, group_size, n))
+        _assert_all_equal(results)
+        w_deq = ref.int4_dequantize_reference(packed, sz, group_size, k).double()
+        _assert_within_bound(results[_ISAS[0]], x, w_deq, None, torch.float32)
+
+
+def test_the_rows_of_one_call_do_not_depend_on_threads_or_the_other_rows():
+    g = _gen(7)
+    n, k = 200, 333
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g))
+    x = torch.randn(40, k, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = int8_weight_only_linear(x, qw, s)
+        torch.set_num_threads(2)
+        two = int8_weight_only_linear(x, qw, s)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    # a row's result is the same whichever rows share its call, within one path (GEMM: >= 8 rows)
+    assert torch.equal(int8_weight_only_linear(x[10:30], qw, s), one[10:30])
+    assert torch.equal(int8_weight_only_linear(x[1:2], qw, s), int8_weight_only_linear(x[1:4], qw, s)[:1])
+
+
+def test_special_values_propagate():
+    qw, s = prepare_int8_weight_only(torch.ones(3, 20, dtype=torch.int8), torch.ones(3))
+    for m in (1, 9):
+        x = torch.zeros(m, 20)
+        x[0, 3] = float("nan")
+        if m > 1:
+            x[1, 4] = float("inf")
+        y = int8_weight_only_linear(x, qw, s)
+        assert torch.isnan(y[0]).all() and (m == 1 or torch.isposinf(y[1]).all())
+        assert (y[2:] == 0).all()
+
+
+def test_one_openmp_runtime_in_the_process():
+    """The extension links torch's own OpenMP runtime: one pool for torch's ops and quanta's kernels."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self/maps")
+    int8_weight_only_linear(torch.randn(1, 16), *prepare_int8_weight_only(torch.ones(2, 16, dtype=torch.int8),
+                                                                        torch.ones(2)))
+    with open("/proc/self/maps") as f:
+        runtimes = {line.split()[-1] for line in f if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) <= 1, runtimes
+
+
+def test_force_isa_checks_its_argument():
+    with pytest.raises(ValueError, match="name must be one of"):
+        with native.force_isa("sse9"):
+            pass
+    assert native.isa() == native.cpu_isa()
+
+
+_FALLBACK = """
+    import warnings, torch
+    from quanta.kernels import int_linear_native as native
+    from quanta.kernels.int_linear import int8_weight_only_linear, prepare_int8_weight_only, int4_cpu_linear, pack_int4_cpu
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        qw, s = prepare_int8_weight_only(torch.randint(-128, 128, (5, 40), dtype=torch.int8), torch.rand(5))
+        x = torch.randn(3, 40)
+        y1 = int8_weight_only_linear(x, qw, s)
+        p, sz = pack_int4_cpu(torch.randint(0, 16, (5, 40), dtype=torch.uint8), torch.rand(5, 2), torch.rand(5, 2), 32)
+        y2 = int4_cpu_linear(x, p, sz, 32, 5)
+    msgs = [str(w.message) for w in rec if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1 and "unavailable" in msgs[0], msgs
+    assert native.ops() is None and native.status().startswith("unavailable")
+    want = (x.double() @ qw.double().T) * s.double()
+    assert torch.allclose(y1.double(), want, rtol=1e-5, atol=1e-5)
+    print("ok", y2.shape)
+"""
+
+
+def test_no_compiler_falls_back_with_one_warning(tmp_path):
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), QUANTA_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_FALLBACK)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["ok", "torch.Size([3,", "5])"]
+
+
+def test_disabled_runs_the_fallback_with_close_results():
+    g = _gen(9)
+    w = torch.randint(-128, 128, (20, 48), generator=g, dtype=torch.int8)
+    qw, s = prepare_int8_weight_only(w, torch.rand(20, generator=g))
+    codes = torch.randint(0, 16, (20, 50), generator=g, dtype=torch.uint8)
+    packed, sz = pack_int4_cpu(codes, torch.rand(20, 2, generator=g), torch.rand(20, 2, generator=g), 32)
+    x = torch.randn(5, 48, generator=g)
+    x4 = torch.randn(5, 50, generator=g)
+    y8, y4 = int8_weight_only_linear(x, qw, s), int4_cpu_linear(x4, packed, sz, 32, 20)
+    with native.disabled():
+        assert native.ops() is None
+        f8, f4 = int8_weight_only_linear(x, qw, s), int4_cpu_linear(x4, packed, sz, 32, 20)
+    # torch's int8 kernel rounds activations and output to bfloat16; the reference is float32
+    assert torch.allclose(f8, y8, rtol=2**-7, atol=2**-7 * float(y8.abs().max()))
+    assert torch.allclose(f4, y4, rtol=1e-5, atol=1e-5)
