@@ -1,24 +1,33 @@
-"""Integer-weight linear kernels (quanta.kernels.int_linear) against float and raw-kernel baselines.
+"""Integer-weight linear kernels (quanta.kernels.int_linear) against bf16 F.linear, layer by layer.
 
-K = N = 4096, M in {1, 32}, 2 threads, float32 and bfloat16 activations. Every
-round calls each case once (the order rotates between rounds); a case's figure
-is the median over rounds of its time, and each ratio is the median over rounds
-of (case time / baseline time in the same round), so machine noise hits both
-sides of a ratio alike. Outputs are checked against the baselines before timing.
-Not a test: nothing here asserts on time.
+Weights of the shapes of a Llama-3-8B layer: N x K = 4096 x 4096 (attention) and
+14336 x 4096 / 4096 x 14336 (MLP up / down), rows M = 1, 4, 16, 32, 128, 512 of
+bfloat16 activations, 2 threads. Every case is timed in interleaved pairs with
+the baseline (bf16 ``F.linear`` on the same activations), as ``harness.ratio``
+does: each side runs once untimed right before its timed run, so both read
+their weight warm from cache (the shapes fit the L3), and the figure is the
+median of the per-pair ratios. ``--clock cpu`` times the calling thread's CPU
+time instead of the wall clock (use it with ``--threads 1`` on a machine shared
+with other jobs: time spent descheduled then does not count). Torch's own kernels (``_weight_int8pack_mm``,
+``_weight_int4pack_mm_for_cpu``, which quanta used before its own) are measured
+the same way for comparison. Outputs are checked against a float reference
+before timing. Not a test: nothing here asserts on time.
 
-    python bench/bench_int_linear_kernels.py [--rounds 15]
+    python bench/bench_int_linear_kernels.py [--pairs 7] [--threads 2] [--clock wall|cpu]
+                                             [--shapes 4096x4096,14336x4096] [--rows 1,4,16]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
+from quanta.kernels import int_linear_native
 from quanta.kernels.int_linear import (
     int4_cpu_linear,
     int8_dynamic_activation_linear,
@@ -28,25 +37,35 @@ from quanta.kernels.int_linear import (
     prepare_int8_weight_only,
 )
 
-K = N = 4096
-GROUP_SIZE = 128
-BASE_FP32 = "F.linear fp32 (baseline)"
-BASE_BF16 = "F.linear bf16 (baseline)"
-BASE_INT8 = "raw _weight_int8pack_mm, bf16 x (baseline)"
+SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))  # (N, K): out x in features
+ROWS = (1, 4, 16, 32, 128, 512)
 
 
-def _weights(g: torch.Generator):
-    w = torch.randn(N, K, generator=g) * 0.02
-    # int8 per-row symmetric (torchao Int8WeightOnlyConfig's grid)
-    s8 = w.abs().amax(1) / 127.5
-    q8 = torch.clamp(torch.round(w / s8[:, None]), -128, 127).to(torch.int8)
-    # uint4 per-group, float zero point (tinygemm)
-    wg = w.reshape(N, K // GROUP_SIZE, GROUP_SIZE)
+def _paired(candidate, baseline, pairs: int, clock) -> tuple[float, float, float]:
+    """Median ratio candidate/baseline over interleaved pairs (each side warm), and both median times."""
+    def once(fn):
+        fn()  # warm: the timed run finds its own weight in cache
+        t0 = clock()
+        fn()
+        return clock() - t0
+
+    ratios, tc, tb = [], [], []
+    for _ in range(pairs):
+        c, b = once(candidate), once(baseline)
+        ratios.append(c / max(b, 1e-9))
+        tc.append(c)
+        tb.append(b)
+    return statistics.median(ratios), statistics.median(tc), statistics.median(tb)
+
+
+def _int4(w: torch.Tensor, group_size: int):
+    n, k = w.shape
+    wg = w.reshape(n, k // group_size, group_size)
     mn, mx = wg.amin(-1), wg.amax(-1)
-    s4 = (mx - mn).clamp(min=1e-6) / 15
-    z4 = mn + s4 * 8
-    c4 = torch.clamp(torch.round((wg - mn[..., None]) / s4[..., None]), 0, 15).to(torch.uint8).reshape(N, K)
-    return w, (q8, s8), (c4, s4, z4)
+    s = (mx - mn).clamp(min=1e-6) / 15
+    z = mn + s * 8
+    codes = torch.clamp(torch.round((wg - mn[..., None]) / s[..., None]), 0, 15).to(torch.uint8).reshape(n, k)
+    return codes, s, z
 
 
 def _check(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
@@ -55,84 +74,74 @@ def _check(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float) -> Non
         raise SystemExit(f"{name}: relative error {err:.3g} > {rtol}; not timing a wrong kernel")
 
 
-def _time_rounds(cases: dict[str, object], rounds: int, warmup: int = 2) -> dict[str, list[float]]:
-    names = list(cases)
-    for _ in range(warmup):
-        for fn in cases.values():
-            fn()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for n in order:
-            t0 = time.perf_counter()
-            cases[n]()
-            times[n].append(time.perf_counter() - t0)
-    return times
+def _cases(n: int, k: int, g: torch.Generator):
+    """Prepared weights and a function of x giving {case name: call} for one shape."""
+    w = torch.randn(n, k, generator=g) * 0.02
+    wb = w.to(torch.bfloat16)
+    s8 = w.abs().amax(1) / 127.5
+    q8 = torch.clamp(torch.round(w / s8[:, None]), -128, 127).to(torch.int8)
+    qw, qs = prepare_int8_weight_only(q8, s8)
+    wt, ws, cs = prepare_int8_dynamic(q8, s8)
+    int4 = {}
+    for gs in (128, 32):
+        codes, s4, z4 = _int4(w, gs)
+        int4[gs] = pack_int4_cpu(codes, s4, z4, gs)
+    # torch's own kernels, for comparison (its int4 packing: capability-dependent)
+    c128, s128, z128 = _int4(w, 128)
+    t4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c128.to(torch.int32), 1)
+    t4_sz = torch.stack([s128, z128], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    w8_deq = q8.float() * qs.float()[:, None]
 
+    def make(x: torch.Tensor):
+        ref8 = x.float() @ w8_deq.T
+        ref = x.float() @ w.T
+        _check("int8 weight-only", int8_weight_only_linear(x, qw, qs), ref8, 1e-2)
+        for gs, (p, sz) in int4.items():
+            _check(f"int4 g{gs}", int4_cpu_linear(x, p, sz, gs, n), ref, 0.15)
+        _check("int8 dynamic", int8_dynamic_activation_linear(x, wt, ws, cs), ref8, 3e-2)
+        return {
+            "int8 weight-only": lambda: int8_weight_only_linear(x, qw, qs),
+            "int4 weight-only g128": lambda: int4_cpu_linear(x, *int4[128], 128, n),
+            "int4 weight-only g32": lambda: int4_cpu_linear(x, *int4[32], 32, n),
+            "int8 dynamic act + int8 weight": lambda: int8_dynamic_activation_linear(x, wt, ws, cs),
+            "torch _weight_int8pack_mm": lambda: torch._weight_int8pack_mm(x, q8, qs),
+            "torch _weight_int4pack_mm_for_cpu g128": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, t4, 128, t4_sz),
+        }
 
-def _ratio(times: dict[str, list[float]], case: str, base: str) -> float:
-    return statistics.median(c / b for c, b in zip(times[case], times[base]))
-
-
-def _cases(x: torch.Tensor, m: int, w, int8, int4, dyn) -> dict[str, object]:
-    """The timed calls for one activation ``x``, after checking every output against a float reference."""
-    w_fp32, w_bf16, w8_deq = w
-    qw8, qs8 = int8
-    packed, sz = int4
-    wt, ws, cs = dyn
-    x32, xb = x.float(), x.to(torch.bfloat16)
-    ref = x32 @ w8_deq.T
-    _check("int8_weight_only_linear", int8_weight_only_linear(x, qw8, qs8), ref, 1e-2)
-    _check("raw _weight_int8pack_mm", torch._weight_int8pack_mm(xb, qw8, qs8), ref, 1e-2)
-    _check("int4_cpu_linear", int4_cpu_linear(x, packed, sz, GROUP_SIZE, N), x32 @ w_fp32.T, 0.15)
-    _check("int8_dynamic (sym)", int8_dynamic_activation_linear(x, wt, ws, cs), ref, 2e-2)
-    _check("int8_dynamic (asym)", int8_dynamic_activation_linear(x, wt, ws, cs, act_symmetric=False), ref, 2e-2)
-    cases = {
-        BASE_FP32: lambda: F.linear(x32, w_fp32),
-        BASE_BF16: lambda: F.linear(xb, w_bf16),
-        BASE_INT8: lambda: torch._weight_int8pack_mm(xb, qw8, qs8),
-        "int8_weight_only_linear": lambda: int8_weight_only_linear(x, qw8, qs8),
-        "int4_cpu_linear": lambda: int4_cpu_linear(x, packed, sz, GROUP_SIZE, N),
-        "int8_dynamic_activation_linear (sym)": lambda: int8_dynamic_activation_linear(x, wt, ws, cs),
-        "int8_dynamic_activation_linear (asym)":
-            lambda: int8_dynamic_activation_linear(x, wt, ws, cs, act_symmetric=False),
-    }
-    if x.dtype == torch.float32 and m == 1:  # why float32 activations are cast: the float32 kernel is scalar code
-        s8_fp32 = qs8.float()
-        cases["raw _weight_int8pack_mm, fp32 x (not used)"] = lambda: torch._weight_int8pack_mm(x32, qw8, s8_fp32)
-    return cases
+    return wb, make
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK,NxK,...")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)))
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    rows = [int(v) for v in args.rows.split(",")]
     g = torch.Generator().manual_seed(0)
-    w, (q8, s8), (c4, s4, z4) = _weights(g)
-    weights = (w.contiguous(), w.to(torch.bfloat16), q8.float() * s8[:, None])
-    int8 = prepare_int8_weight_only(q8, s8)
-    int4 = pack_int4_cpu(c4, s4, z4, GROUP_SIZE)
-    dyn = prepare_int8_dynamic(q8, s8)
-
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"CPU capability {torch.backends.cpu.get_cpu_capability()}, K = N = {K}, int4 group size {GROUP_SIZE}, "
-          f"{args.rounds} rounds; ratios are medians of same-round ratios")
-    header = (f"| {'M':>2} | {'x':<4} | {'case':<44} | {'ms':>7} | {'/ fp32 F.linear':>15} | "
-              f"{'/ bf16 F.linear':>15} | {'/ raw int8pack':>14} |")
+    int_linear_native.ops()
+    clock = time.perf_counter if args.clock == "wall" else time.thread_time
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, quanta kernels: "
+          f"{int_linear_native.status()} ({int_linear_native.isa()}), load average "
+          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; bfloat16 activations; figures are medians of "
+          f"{args.pairs} interleaved (case, bf16 F.linear) pairs, each side warm")
+    header = f"| {'N x K':>11} | {'M':>3} | {'case':<40} | {'ms':>8} | {'bf16 F.linear ms':>16} | {'/ bf16':>6} |"
     print(header)
-    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
-    for m in (1, 32):
-        for act in (torch.float32, torch.bfloat16):
-            x = torch.randn(m, K, generator=g).to(act)
-            cases = _cases(x, m, weights, int8, int4, dyn)
-            times = _time_rounds(cases, args.rounds)
-            act_name = "fp32" if act == torch.float32 else "bf16"
-            for name in cases:
-                ms = statistics.median(times[name]) * 1e3
-                r32, rbf = _ratio(times, name, BASE_FP32), _ratio(times, name, BASE_BF16)
-                r8 = f"{_ratio(times, name, BASE_INT8):>14.2f}" if "int8" in name else f"{'':>14}"
-                print(f"| {m:>2} | {act_name:<4} | {name:<44} | {ms:>7.2f} | {r32:>15.2f} | {rbf:>15.2f} | {r8} |")
+    print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
+    for n, k in shapes:
+        wb, make = _cases(n, k, g)
+        for m in rows:
+            x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+            base = lambda: F.linear(x, wb)  # noqa: E731
+            for name, fn in make(x).items():
+                r, tc, tb = _paired(fn, base, args.pairs, clock)
+                print(f"| {f'{n} x {k}':>11} | {m:>3} | {name:<40} | {tc * 1e3:>8.3f} | {tb * 1e3:>16.3f} | "
+                      f"{r:>6.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -375,36 +375,101 @@ QUANTA_AVX512 inline void block4_avx512(const Int4Rows& src, const uint8_t* row,
   w[3] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut), sb, zb);
 }
 
-template <int R, int MB>
-QUANTA_AVX512 void block_avx512(const Int4Rows& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
-                                float* out) {
-  __m512 acc[16];
-  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-  const uint8_t* rp[R];
-  for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
-  const int64_t nblocks = nchunks / 4;  // nchunks is a multiple of 4 here (64-k blocks)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    for (int r = 0; r < R; ++r) {
-      __m512 w[4];
-      block4_avx512(src, rp[r], rows[r], b, w);
-      for (int q = 0; q < 4; ++q)
-        for (int m = 0; m < MB; ++m)
-          acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + 64 * b + 16 * q), w[q], acc[r * MB + m]);
+// The 16 dequantized weights of row n's group holding k, indexed by code: LUT[c] = fma(c - 8, s, z), the same
+// value the per-element path computes; vpermps with the codes then dequantizes 16 weights at once.
+QUANTA_AVX512 inline __m512 lut_avx512(const Int4Rows& src, int64_t n, int64_t k) {
+  const __m512 base = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  __m512 s, z;
+  sz_avx512(src.sz_bits(n, k), s, z);
+  return _mm512_fmadd_ps(base, s, z);
+}
+
+// int4 GEMV block: per 64-k block and row, two 16-byte loads give the 4 chunks (low nibbles of bytes 0-15
+// and 16-31, then high nibbles), each dequantized by one vpermps on the row's group table. PART 0: chunks
+// 0-1 (k 0-31), 1: chunks 2-3 (k 32-63), 2: all four (groups of 64 or more: one table per block).
+template <int R, int MB, int PART>
+QUANTA_AVX512 __attribute__((always_inline)) inline void int4_chunks_avx512(const uint8_t* const* rp, int64_t b,
+                                                                            const __m512* lut,
+                                                                            const float* const* xr, __m512* acc) {
+  const int64_t k0 = 64 * b;
+  for (int r = 0; r < R; ++r) {
+    const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 32 * b)));
+    const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 32 * b + 16)));
+    if (PART != 1) {
+      const __m512 w0 = _mm512_permutexvar_ps(v0, lut[r]), w1 = _mm512_permutexvar_ps(v1, lut[r]);
+      for (int m = 0; m < MB; ++m) {
+        acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0), w0, acc[r * MB + m]);
+        acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 16), w1, acc[r * MB + m]);
+      }
+    }
+    if (PART != 0) {
+      const __m512 w2 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut[r]);
+      const __m512 w3 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut[r]);
+      for (int m = 0; m < MB; ++m) {
+        acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 32), w2, acc[r * MB + m]);
+        acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 48), w3, acc[r * MB + m]);
+      }
     }
   }
+}
+
+template <int R, int MB, bool SPLIT>
+QUANTA_AVX512 void block_int4_avx512(const Int4Rows& src, const int64_t* rows, const float* const* xr,
+                                     int64_t nchunks, float* out) {
+  __m512 acc[R * MB];
+  for (int j = 0; j < R * MB; ++j) acc[j] = _mm512_setzero_ps();
+  const uint8_t* rp[R];
+  for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
+  __m512 lut[R];
+  int64_t group = -1;
+  const int64_t nblocks = nchunks / 4;  // nchunks is a multiple of 4 here (64-k blocks)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t k0 = 64 * b;
+    const int64_t g = std::min<int64_t>(k0 >> src.gshift, src.ngroups - 1);
+    if (g != group) {
+      for (int r = 0; r < R; ++r) lut[r] = lut_avx512(src, rows[r], k0);
+      group = g;
+    }
+    if (SPLIT) {
+      int4_chunks_avx512<R, MB, 0>(rp, b, lut, xr, acc);
+      const int64_t g2 = std::min<int64_t>((k0 + 32) >> src.gshift, src.ngroups - 1);
+      if (g2 != group) {
+        for (int r = 0; r < R; ++r) lut[r] = lut_avx512(src, rows[r], k0 + 32);
+        group = g2;
+      }
+      int4_chunks_avx512<R, MB, 1>(rp, b, lut, xr, acc);
+    } else {
+      int4_chunks_avx512<R, MB, 2>(rp, b, lut, xr, acc);
+    }
+  }
+  __m512 all[16];
+  for (int j = 0; j < 16; ++j) all[j] = j < R * MB ? acc[j] : _mm512_setzero_ps();
   alignas(64) float t[16];
-  _mm512_store_ps(t, reduce16_avx512(acc));
+  _mm512_store_ps(t, reduce16_avx512(all));
   for (int j = 0; j < R * MB; ++j) out[j] = t[j];
 }
 
+template <int R, int MB>
+QUANTA_AVX512 void block_avx512(const Int4Rows& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
+                                float* out) {
+  if (src.group == 32) {
+    block_int4_avx512<R, MB, true>(src, rows, xr, nchunks, out);
+  } else {
+    block_int4_avx512<R, MB, false>(src, rows, xr, nchunks, out);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ driver
-// Rows per block for MB activation rows (R * MB <= 16 accumulators).
-constexpr int rows_for(int mb) { return mb == 1 ? 16 : mb == 2 ? 8 : mb == 3 ? 5 : 4; }
+// Rows per block for MB activation rows (R * MB <= 16 accumulators; int4 also keeps a table per row).
+template <typename Src>
+constexpr int rows_for(int mb) {
+  return mb == 1 ? (std::is_same<Src, Int4Rows>::value ? 8 : 16) : mb == 2 ? 8 : mb == 3 ? 5 : 4;
+}
 
 template <typename Src, int MB>
 void run_block(int64_t isa, const Src& src, const int64_t* rows, int R, const float* const* xr, int64_t nchunks,
                float* out) {
-  constexpr int RMAX = rows_for(MB);
+  constexpr int RMAX = rows_for<Src>(MB);
   if (isa == AVX512 && R == RMAX) {
     block_avx512<RMAX, MB>(src, rows, xr, nchunks, out);
   } else if (isa >= AVX2 && R == RMAX) {
@@ -430,7 +495,7 @@ void run_decode(int64_t isa, const Src& src, int64_t N, int64_t M, const float* 
     const int64_t n0 = t * kDecodeTileRows, n1 = std::min(N, n0 + kDecodeTileRows);
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
       const int mb = static_cast<int>(std::min<int64_t>(4, M - m0));
-      const int rmax = rows_for(mb);
+      const int rmax = rows_for<Src>(mb);
       const float* xr[4];
       for (int m = 0; m < mb; ++m) xr[m] = xf + (m0 + m) * row_ld(Kp);
       for (int64_t nb = n0; nb < n1; nb += rmax) {
@@ -787,7 +852,7 @@ void dot_i8_portable(const int8_t* w, int64_t K, const int64_t* rows, int R, con
 template <int MB>
 void run_dot_block(int64_t isa, const int8_t* w, int64_t K, const int64_t* rows, int R, const uint8_t* const* xr,
                    int32_t* out) {
-  constexpr int RMAX = rows_for(MB);
+  constexpr int RMAX = rows_for<Int8Rows>(MB);
   if (isa == AVX512 && R == RMAX) {
     dot_i8_avx512<RMAX, MB>(w, K, rows, xr, out);
   } else if (isa >= AVX2 && R == RMAX) {
@@ -834,7 +899,7 @@ at::Tensor int8_dynamic_linear(const at::Tensor& qx, const c10::optional<at::Ten
     const int64_t n0 = t * tile_rows, n1 = std::min(N, n0 + tile_rows);
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
       const int mb = static_cast<int>(std::min<int64_t>(4, M - m0));
-      const int rmax = rows_for(mb);
+      const int rmax = rows_for<Int8Rows>(mb);
       const uint8_t* xr[4];
       for (int m = 0; m < mb; ++m) xr[m] = xu.data() + (m0 + m) * Kp;
       for (int64_t nb = n0; nb < n1; nb += rmax) {
