@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
+import os
 import zlib
 
 import numpy as np
 import torch
 
-__all__ = ["pack", "unpack", "digest", "bits_equal", "SPECIALS", "affine_input", "calibration_batches",
-           "float_input", "uniform_codes"]
+__all__ = ["pack", "unpack", "digest", "bits_equal", "write_recording", "SPECIALS", "affine_input", "calibration_batches",
+           "degenerate_input", "signed_specials_input", "float_input", "float8_input", "fpx_input"]
 
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
          torch.bfloat16: torch.int16, torch.int64: torch.int64, torch.int32: torch.int32, torch.int16: torch.int16,
@@ -69,6 +71,15 @@ def digest(t: torch.Tensor) -> str:
     """A short digest of a tensor's dtype, shape and bits."""
     h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode() + _raw(t))
     return h.hexdigest()[:16]
+
+
+def write_recording(doc: dict, generator_file: str, name: str, out_path: str | None = None) -> str:
+    """Write ``doc`` as compact JSON to ``out_path`` or to ``name`` beside ``generator_file``; returns the path."""
+    path = out_path or os.path.join(os.path.dirname(os.path.abspath(generator_file)), name)
+    with open(path, "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+        f.write("\n")
+    return path
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -133,6 +144,26 @@ def calibration_batches(seed: int, shape: tuple[int, ...], num_batches: int) -> 
     return batches
 
 
+def degenerate_input(seed: int, shape: tuple[int, ...], group: int) -> torch.Tensor:
+    """A calibration batch with a zero row, a tiny row (``1e-12`` times its values) and a constant group."""
+    x = calibration_batches(seed, shape, 1)[0]
+    x[0] = 0.0
+    x[1] = x[1] * 1e-12
+    x[2, :group] = 0.25
+    return x
+
+
+def signed_specials_input(seed: int, shape: tuple[int, ...], unsigned: bool) -> torch.Tensor:
+    """A calibration batch (its absolute value if ``unsigned``) with :data:`SPECIALS` and ``2**-130`` in row 0
+    (only the non-negative ones if ``unsigned``)."""
+    x = calibration_batches(seed, shape, 1)[0]
+    specials = [v for v in SPECIALS if not (unsigned and v < 0)] + [2.0**-130]
+    if unsigned:
+        x = x.abs()
+    x[0, : len(specials)] = torch.tensor(specials)
+    return x
+
+
 def float_input(seed: int, n: int, lowest: int, highest: int, mantissa_bits: int, *,
                 specials: bool = True) -> torch.Tensor:
     """Float32 values ``+-2**k * (1 + j / 2**(m + 2))`` for integer ``k`` in ``[lowest, highest]``.
@@ -154,8 +185,19 @@ def float_input(seed: int, n: int, lowest: int, highest: int, mantissa_bits: int
     return x
 
 
-def uniform_codes(seed: int, n: int, qmin: int, qmax: int) -> torch.Tensor:
-    """Integer codes uniform in ``[qmin, qmax]`` with both ends present (int64)."""
-    c = torch.randint(qmin, qmax + 1, (n,), generator=_gen(seed))
-    c[0], c[-1] = qmin, qmax
-    return c
+def float8_input(seed: int, shape: tuple[int, int], exponent_bits: int, mantissa_bits: int) -> torch.Tensor:
+    """:func:`float_input` over an IEEE-like format's binades (and a few beyond), rows scaled by
+    ``1, 1e-3, 37, 2**-20`` (repeating), so that per-row scales differ."""
+    bias = 2 ** (exponent_bits - 1) - 1
+    x = float_input(seed, shape[0] * shape[1], -bias - mantissa_bits - 3, 2 ** (exponent_bits - 1) + 1,
+                    mantissa_bits, specials=False).double().reshape(shape)
+    rows = torch.tensor([1.0, 1e-3, 37.0, 2.0**-20], dtype=torch.float64).repeat(shape[0])[: shape[0]]
+    return (x * rows[:, None]).float()
+
+
+def fpx_input(seed: int, exponent_bits: int, mantissa_bits: int, n: int = 512) -> torch.Tensor:
+    """:func:`float_input` over a format's binades with ``+-0``, ``+-1e-45`` and ``+-3e38`` first (no NaN/inf)."""
+    bias = 2 ** (exponent_bits - 1) - 1
+    x = float_input(seed, n, -bias - mantissa_bits - 3, 2 ** (exponent_bits - 1) + 1, mantissa_bits, specials=False)
+    x[:6] = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 3e38, -3e38])
+    return x

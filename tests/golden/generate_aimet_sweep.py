@@ -31,7 +31,6 @@ is kept); outputs are stored with :func:`anchor_sweep.pack`.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -45,6 +44,7 @@ from anchor_sweep import (  # noqa: E402
     digest,
     float_input,
     pack,
+    write_recording,
 )
 
 SHAPE = (4, 16)
@@ -61,6 +61,20 @@ def scale_shape(gran: str) -> tuple[int, ...]:
 
 def block_size(gran: str):
     return (1, BLOCK) if gran == "block" else None
+
+
+def affine_cases(first_seed: int):
+    """``(seed, id, fields)`` for bitwidths 1-16 x unsigned/signed grids x asymmetric/symmetric x granularity."""
+    seed = first_seed
+    for bw in range(1, 17):
+        for signed in (False, True):
+            qmin, qmax = grid(bw, signed)
+            for symmetric in (False, True):
+                for gran in ("tensor", "channel", "block"):
+                    seed += 1
+                    yield seed, {"id": f"b{bw}_{'s' if signed else 'u'}_{'sym' if symmetric else 'asym'}_{gran}",
+                                 "seed": seed, "bitwidth": bw, "signed": signed, "symmetric": symmetric,
+                                 "gran": gran, "qmin": qmin, "qmax": qmax}
 
 
 def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of cases
@@ -96,70 +110,54 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
 
     # ------------------------------------------------------------------ functional
     functional = []
-    seed = 1000
-    for bw in range(1, 17):
-        for signed in (False, True):
-            qmin, qmax = grid(bw, signed)
-            for symmetric in (False, True):
-                for gran in ("tensor", "channel", "block"):
-                    seed += 1
-                    g = torch.Generator().manual_seed(seed)
-                    sshape = scale_shape(gran)
-                    scale = (6.0 / (qmax - qmin) * (0.7 + 0.6 * torch.rand(sshape, generator=g))).float()
-                    if symmetric:
-                        offset = torch.full(sshape, float(-round((qmin + qmax) / 2)))
-                    else:
-                        offset = torch.randint(-qmax, -qmin + 1, sshape, generator=g).float()
-                    x = affine_input(seed, SHAPE, expand(scale, gran), expand(offset, gran), qmin, qmax)
-                    kw = {"qmin": qmin, "qmax": qmax}
-                    if block_size(gran) is not None:
-                        kw["block_size"] = block_size(gran)
-                    s_req = scale.clone().requires_grad_(True)
-                    with torch.enable_grad():
-                        qdq = A.quantize_dequantize(x, s_req, offset, **kw).detach()
-                    q = A.quantize(x, scale, offset, **kw)
-                    functional.append({
-                        "id": f"b{bw}_{'s' if signed else 'u'}_{'sym' if symmetric else 'asym'}_{gran}",
-                        "seed": seed, "bitwidth": bw, "signed": signed, "symmetric": symmetric, "gran": gran,
-                        "qmin": qmin, "qmax": qmax, "scale": pack(scale), "offset": pack(offset),
-                        "input": digest(x), **codes_and_values(q, qdq, scale, offset, gran),
-                    })
+    for seed, case in affine_cases(1000):
+        qmin, qmax, gran = case["qmin"], case["qmax"], case["gran"]
+        g = torch.Generator().manual_seed(seed)
+        sshape = scale_shape(gran)
+        scale = (6.0 / (qmax - qmin) * (0.7 + 0.6 * torch.rand(sshape, generator=g))).float()
+        if case["symmetric"]:
+            offset = torch.full(sshape, float(-round((qmin + qmax) / 2)))
+        else:
+            offset = torch.randint(-qmax, -qmin + 1, sshape, generator=g).float()
+        x = affine_input(seed, SHAPE, expand(scale, gran), expand(offset, gran), qmin, qmax)
+        kw = {"qmin": qmin, "qmax": qmax}
+        if block_size(gran) is not None:
+            kw["block_size"] = block_size(gran)
+        s_req = scale.clone().requires_grad_(True)
+        with torch.enable_grad():
+            qdq = A.quantize_dequantize(x, s_req, offset, **kw).detach()
+        q = A.quantize(x, scale, offset, **kw)
+        functional.append({**case, "scale": pack(scale), "offset": pack(offset), "input": digest(x),
+                           **codes_and_values(q, qdq, scale, offset, gran)})
 
     # ------------------------------------------------------------------ modules
     modules = []
-    seed = 5000
-    for bw in range(1, 17):
-        for signed in (False, True):
-            qmin, qmax = grid(bw, signed)
-            for symmetric in (False, True):
-                for gran in ("tensor", "channel", "block"):
-                    seed += 1
-                    batches = calibration_batches(seed, SHAPE, 4)
-                    m = A.QuantizeDequantize(scale_shape(gran), qmin, qmax, symmetric, block_size=block_size(gran))
-                    with m.compute_encodings():
-                        for b in batches[:3]:
-                            last = m(b)
-                    fresh = batches[3].clone()
-                    fresh[0, :4] = torch.tensor([math.nan, math.inf, -math.inf, -0.0])
-                    out = m(fresh)  # grad mode: min/max require grad, AIMET's division path
-                    kw = {"qmin": qmin, "qmax": qmax}
-                    if block_size(gran) is not None:
-                        kw["block_size"] = block_size(gran)
-                    s, o = m.get_scale().detach(), m.get_offset().detach()
-                    ls, lo = last.encoding.scale.detach(), last.encoding.offset.detach()
-                    modules.append({
-                        "id": f"b{bw}_{'s' if signed else 'u'}_{'sym' if symmetric else 'asym'}_{gran}",
-                        "seed": seed, "bitwidth": bw, "signed": signed, "symmetric": symmetric, "gran": gran,
-                        "qmin": qmin, "qmax": qmax, "inputs": [digest(b) for b in batches],
-                        # min, max, scale, offset (each of the quantizer's shape), one after the other
-                        "encoding": pack(torch.stack([m.min.detach(), m.max.detach(), s, o]).float()),
-                        "last_batch": {"encoding": pack(torch.stack([ls, lo]).float())},
-                    })
-                    if bw <= 8:  # outputs too (wider grids: the functional cases cover the kernel)
-                        modules[-1]["output"] = codes_and_values(A.quantize(fresh, s, o, **kw), out, s, o, gran)
-                    if bw in (2, 4, 8):  # and the last batch's, quantized with its own range
-                        modules[-1]["last_batch"].update(
-                            codes_and_values(A.quantize(batches[2], ls, lo, **kw), last, ls, lo, gran))
+    for seed, case in affine_cases(5000):
+        qmin, qmax, gran, bw = case["qmin"], case["qmax"], case["gran"], case["bitwidth"]
+        batches = calibration_batches(seed, SHAPE, 4)
+        m = A.QuantizeDequantize(scale_shape(gran), qmin, qmax, case["symmetric"], block_size=block_size(gran))
+        with m.compute_encodings():
+            for b in batches[:3]:
+                last = m(b)
+        fresh = batches[3].clone()
+        fresh[0, :4] = torch.tensor([math.nan, math.inf, -math.inf, -0.0])
+        out = m(fresh)  # grad mode: min/max require grad, AIMET's division path
+        kw = {"qmin": qmin, "qmax": qmax}
+        if block_size(gran) is not None:
+            kw["block_size"] = block_size(gran)
+        s, o = m.get_scale().detach(), m.get_offset().detach()
+        ls, lo = last.encoding.scale.detach(), last.encoding.offset.detach()
+        modules.append({
+            **case, "inputs": [digest(b) for b in batches],
+            # min, max, scale, offset (each of the quantizer's shape), one after the other
+            "encoding": pack(torch.stack([m.min.detach(), m.max.detach(), s, o]).float()),
+            "last_batch": {"encoding": pack(torch.stack([ls, lo]).float())},
+        })
+        if bw <= 8:  # outputs too (wider grids: the functional cases cover the kernel)
+            modules[-1]["output"] = codes_and_values(A.quantize(fresh, s, o, **kw), out, s, o, gran)
+        if bw in (2, 4, 8):  # and the last batch's, quantized with its own range
+            modules[-1]["last_batch"].update(codes_and_values(A.quantize(batches[2], ls, lo, **kw), last, ls, lo,
+                                                              gran))
 
     # calibration batches with NaN / +-inf in them
     special_calibration = []
@@ -331,10 +329,7 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
         "float": floats, "float_half": float_half, "float_granular": float_granular,
         "float_calibration": float_calibration,
     }
-    path = out_path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "aimet_sweep.json")
-    with open(path, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.write("\n")
+    path = write_recording(doc, __file__, "aimet_sweep.json", out_path)
     print(f"wrote {path}: {len(functional)} functional, {len(modules)} module, {len(analyzers)} analyzer, "
           f"{len(floats)} float cases ({os.path.getsize(path) // 1024} KiB)")
 

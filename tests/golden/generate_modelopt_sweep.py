@@ -22,33 +22,26 @@ are the ones recorded (``_tensor_quant`` and ``fp8_eager``).
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from anchor_sweep import SPECIALS, calibration_batches, digest, float_input, pack  # noqa: E402
+from anchor_sweep import (  # noqa: E402
+    calibration_batches,
+    digest,
+    float_input,
+    pack,
+    signed_specials_input,
+    write_recording,
+)
 
 SHAPE = (4, 32)
 BLOCK = 8
 
 
-def fake_input(seed: int, unsigned: bool):
-    """Calibration-like data with the special values in row 0 (non-negative ones only when unsigned)."""
-    import torch
-
-    x = calibration_batches(seed, SHAPE, 1)[0]
-    specials = [v for v in SPECIALS if not (unsigned and v < 0)] + [2.0**-130]
-    if unsigned:
-        x = x.abs()
-    x[0, : len(specials)] = torch.tensor(specials)
-    return x
-
-
-def amax_for(x, gran: str, seed: int):
+def amax_for(x, gran: str):
     """Amax per tensor / channel (4, 1) / block (4, 4, 1) at 0.8x the finite absmax (so some values clip),
     channel/block row 3 set to 0 (the amax <= 2**-24 rule)."""
     import torch
@@ -88,8 +81,8 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
             for narrow in (False, True):
                 for gran in ("tensor", "channel", "block"):
                     seed += 1
-                    x = fake_input(seed, unsigned)
-                    amax = amax_for(x, gran, seed)
+                    x = signed_specials_input(seed, SHAPE, unsigned)
+                    amax = amax_for(x, gran)
                     case = {"id": f"b{bits}_{'u' if unsigned else 's'}_{'narrow' if narrow else 'full'}_{gran}",
                             "seed": seed, "num_bits": bits, "unsigned": unsigned, "narrow_range": narrow,
                             "gran": gran, "input": digest(x), "amax": pack(amax)}
@@ -117,7 +110,7 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
         for zero_amax in (False, True):
             seed += 1
             x = float_input(seed, SHAPE[0] * SHAPE[1], -12, 10, 3).reshape(SHAPE)  # e4m3's range and beyond
-            amax = amax_for(x, gran, seed) if zero_amax else amax_for(x, gran, seed).abs().clamp_min(1.0)
+            amax = amax_for(x, gran) if zero_amax else amax_for(x, gran).abs().clamp_min(1.0)
             if gran == "tensor" and zero_amax:
                 amax = torch.tensor(0.0)
             case = {"id": f"{gran}{'_zero_amax' if zero_amax else ''}", "seed": seed, "gran": gran,
@@ -159,10 +152,7 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
         "modelopt": modelopt.__version__, "torch": torch.__version__,
         "shape": list(SHAPE), "block": BLOCK, "fake": fake, "e4m3": e4m3, "calibrators": calibrators,
     }
-    path = out_path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "modelopt_sweep.json")
-    with open(path, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.write("\n")
+    path = write_recording(doc, __file__, "modelopt_sweep.json", out_path)
     n_err = sum("error" in c for c in fake + e4m3)
     print(f"wrote {path}: {len(fake)} fake, {len(e4m3)} e4m3, {len(calibrators)} calibrator cases, {n_err} errors "
           f"({os.path.getsize(path) // 1024} KiB)")

@@ -25,7 +25,6 @@ raised is recorded as ``{"error": "<Type>: <message>"}``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -33,7 +32,16 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from anchor_sweep import SPECIALS, calibration_batches, digest, float_input, pack  # noqa: E402
+from anchor_sweep import (  # noqa: E402
+    SPECIALS,
+    calibration_batches,
+    degenerate_input,
+    digest,
+    float8_input,
+    fpx_input,
+    pack,
+    write_recording,
+)
 
 SHAPE = (4, 32)
 GROUP = 8
@@ -98,7 +106,7 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
                     seed += 1
                     x = calibration_batches(seed, SHAPE, 1)[0]
                     special = x.clone()
-                    special[0, : len(SPECIALS) - 0] = torch.tensor(SPECIALS)
+                    special[0, : len(SPECIALS)] = torch.tensor(SPECIALS)
                     case = {"id": f"b{bw}_{'s' if signed else 'u'}_{mapping.lower()}_{gran}", "seed": seed,
                             "bitwidth": bw, "signed": signed, "dtype": dname, "qmin": qmin, "qmax": qmax,
                             "mapping": mapping, "gran": gran, "block_size": list(block), "input": digest(x)}
@@ -124,13 +132,6 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
                     affine.append(case)
 
     # ------------------------------------------------------------------ degenerate blocks, running min/max
-    def degenerate_input(seed):
-        x = calibration_batches(seed, SHAPE, 1)[0]
-        x[0] = 0.0
-        x[1] = x[1] * 1e-12
-        x[2, :GROUP] = 0.25
-        return x
-
     degenerate = []
     seed = 35000
     for bw, signed in ((4, True), (8, False), (8, True), (16, True)):
@@ -139,7 +140,7 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
         for mapping in ("ASYMMETRIC", "SYMMETRIC"):
             for gran, block in GRANULARITY.items():
                 seed += 1
-                x = degenerate_input(seed)
+                x = degenerate_input(seed, SHAPE, GROUP)
                 case = {"id": f"b{bw}_{'s' if signed else 'u'}_{mapping.lower()}_{gran}", "seed": seed,
                         "bitwidth": bw, "dtype": dname, "qmin": qmin, "qmax": qmax, "mapping": mapping,
                         "gran": gran, "block_size": list(block), "input": digest(x)}
@@ -166,13 +167,9 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
           "float8_e4m3fnuz": (torch.float8_e4m3fnuz, 4, 3), "float8_e5m2fnuz": (torch.float8_e5m2fnuz, 5, 2)}
     seed = 40000
     for name, (fdt, e, m) in f8.items():
-        fmax = torch.finfo(fdt).max
         for gran, block in GRANULARITY.items():
             seed += 1
-            bias = 2 ** (e - 1) - 1
-            x = float_input(seed, SHAPE[0] * SHAPE[1], -bias - m - 3, 2 ** (e - 1) + 1, m, specials=False)
-            x = (x.double() * torch.tensor([1.0, 1e-3, 37.0, 2.0**-20]).repeat_interleave(SHAPE[1])).float()
-            x = x.reshape(SHAPE)
+            x = float8_input(seed, SHAPE, e, m)
             case = {"id": f"{name}_{gran}", "seed": seed, "dtype": name, "gran": gran, "block_size": list(block),
                     "input": digest(x)}
             try:
@@ -195,9 +192,7 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
     for e in range(1, 8):
         for m in range(0, 8 - e):
             seed += 1
-            bias = 2 ** (e - 1) - 1
-            x = float_input(seed, 512, -bias - m - 3, 2 ** (e - 1) + 1, m, specials=False)
-            x[:6] = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 3e38, -3e38])
+            x = fpx_input(seed, e, m)
             case = {"id": f"e{e}m{m}", "seed": seed, "ebits": e, "mbits": m, "input": digest(x)}
             try:
                 c = qp._f32_to_floatx_unpacked(x, e, m)
@@ -221,10 +216,7 @@ def main(out_path: str | None = None) -> None:  # noqa: C901 - a flat list of ca
         "shape": list(SHAPE), "group": GROUP, "affine": affine, "degenerate": degenerate, "float8": float8,
         "fpx": fpx,
     }
-    path = out_path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchao_sweep.json")
-    with open(path, "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-        f.write("\n")
+    path = write_recording(doc, __file__, "torchao_sweep.json", out_path)
     n_err = sum("error" in c for c in affine + float8 + fpx)
     print(f"wrote {path}: {len(affine)} affine, {len(float8)} float8, {len(fpx)} fpx cases, {n_err} errors "
           f"({os.path.getsize(path) // 1024} KiB)")

@@ -12,7 +12,6 @@ checks quanta's documented rule instead and says why.
 import json
 import math
 import pathlib
-import warnings
 
 import pytest
 import torch

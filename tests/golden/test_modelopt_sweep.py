@@ -9,14 +9,13 @@ and subnormals; ``scaled_e4m3`` over the whole e4m3 range; ``MaxCalibrator`` and
 """
 
 import json
-import math
 import pathlib
 
 import pytest
 import torch
 
 import quanta.tensor_quant as tq
-from anchor_sweep import SPECIALS, bits_equal, calibration_batches, digest, float_input, unpack
+from anchor_sweep import bits_equal, calibration_batches, digest, float_input, signed_specials_input, unpack
 
 GOLDEN = json.loads((pathlib.Path(__file__).parent / "modelopt_sweep.json").read_text())
 SHAPE = tuple(GOLDEN["shape"])
@@ -35,15 +34,6 @@ def same_bits(actual, expected, where=None):
         ok = ok | ~where
     assert bool(ok.all()), f"{int((~ok).sum())} of {ok.numel()} differ: quanta " \
         f"{actual.flatten()[(~ok).flatten()][:4].tolist()}, ModelOpt {expected.flatten()[(~ok).flatten()][:4].tolist()}"
-
-
-def fake_input(seed, unsigned):
-    x = calibration_batches(seed, SHAPE, 1)[0]
-    specials = [v for v in SPECIALS if not (unsigned and v < 0)] + [2.0**-130]
-    if unsigned:
-        x = x.abs()
-    x[0, :len(specials)] = torch.tensor(specials)
-    return x
 
 
 def shaped(x, gran):
@@ -80,7 +70,7 @@ FAKE_OK = [c for c in FAKE if c not in NO_CODES]
 def test_fake_tensor_quant_bit_for_bit(case):
     """Bit for bit, except where amax <= 2**-24 meets +-inf: ModelOpt multiplies inf by its zero scale (NaN),
     quanta returns a signed zero there as for every other input (docs/numerics.md)."""
-    x = fake_input(case["seed"], case["unsigned"])
+    x = signed_specials_input(case["seed"], SHAPE, case["unsigned"])
     assert digest(x) == case["input"]
     amax = unpack(case["amax"])
     amax = amax.reshape({"tensor": (), "channel": (SHAPE[0], 1),
@@ -99,7 +89,7 @@ def test_fake_tensor_quant_bit_for_bit(case):
 def test_one_bit_signed_has_no_codes(case):
     """Departure (docs/numerics.md): signed 1-bit has max_bound = 2**0 - 1 = 0. ModelOpt computes
     scale = 0 / amax = 0 and returns 0 / 0 = NaN for every input; quanta raises ValueError naming num_bits."""
-    x = fake_input(case["seed"], case["unsigned"])
+    x = signed_specials_input(case["seed"], SHAPE, case["unsigned"])
     theirs = modelopt_output(case)
     amax = unpack(case["amax"]).reshape({"tensor": (), "channel": (SHAPE[0], 1),
                                          "block": (SHAPE[0], SHAPE[1] // BLOCK, 1)}[case["gran"]])

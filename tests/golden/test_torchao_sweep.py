@@ -17,7 +17,16 @@ import pathlib
 import pytest
 import torch
 
-from anchor_sweep import SPECIALS, bits_equal, calibration_batches, digest, float_input, unpack
+from anchor_sweep import (
+    SPECIALS,
+    bits_equal,
+    calibration_batches,
+    degenerate_input,
+    digest,
+    float8_input,
+    fpx_input,
+    unpack,
+)
 from quanta.quantization import quant_primitives as qp
 
 GOLDEN = json.loads((pathlib.Path(__file__).parent / "torchao_sweep.json").read_text())
@@ -136,14 +145,6 @@ DEGENERATE = GOLDEN["degenerate"]
 GROUP = GOLDEN["group"]
 
 
-def degenerate_input(seed):
-    x = calibration_batches(seed, SHAPE, 1)[0]
-    x[0] = 0.0
-    x[1] = x[1] * 1e-12
-    x[2, :GROUP] = 0.25
-    return x
-
-
 @pytest.mark.parametrize("case", DEGENERATE, ids=ids(DEGENERATE))
 def test_degenerate_blocks_and_running_min_max(case):
     """Zero, tiny and constant blocks; qparams from a running min/max over three batches.
@@ -152,7 +153,7 @@ def test_degenerate_blocks_and_running_min_max(case):
     although its docstring (and torchao <= 0.15, and seed 003) say ``finfo(dtype).eps``; quanta keeps the
     documented ``eps``, and equals torchao given ``eps=finfo.eps`` explicitly, bit for bit.
     """
-    x = degenerate_input(case["seed"])
+    x = degenerate_input(case["seed"], SHAPE, GROUP)
     assert digest(x) == case["input"]
     dt, block, qmin, qmax = getattr(torch, case["dtype"]), tuple(case["block_size"]), case["qmin"], case["qmax"]
     mapping = qp.MappingType[case["mapping"]]
@@ -180,18 +181,10 @@ def test_degenerate_blocks_and_running_min_max(case):
 FLOAT8 = GOLDEN["float8"]
 
 
-def float8_input(case):
-    fdt = getattr(torch, case["dtype"])
-    e, m = (4, 3) if "e4m3" in case["dtype"] else (5, 2)
-    bias = 2 ** (e - 1) - 1
-    x = float_input(case["seed"], SHAPE[0] * SHAPE[1], -bias - m - 3, 2 ** (e - 1) + 1, m, specials=False)
-    x = (x.double() * torch.tensor([1.0, 1e-3, 37.0, 2.0**-20]).repeat_interleave(SHAPE[1])).float()
-    return x.reshape(SHAPE), fdt
-
-
 @pytest.mark.parametrize("case", FLOAT8, ids=ids(FLOAT8))
 def test_float8_bit_for_bit(case):
-    x, fdt = float8_input(case)
+    fdt = getattr(torch, case["dtype"])
+    x = float8_input(case["seed"], SHAPE, *((4, 3) if "e4m3" in case["dtype"] else (5, 2)))
     assert digest(x) == case["input"]
     scale = qp._choose_scale_float8(x, list(case["block_size"]), fdt)
     same_bits(scale, unpack(case["scale"]))
@@ -207,18 +200,10 @@ def test_float8_bit_for_bit(case):
 FPX = GOLDEN["fpx"]
 
 
-def fpx_input(case):
-    e, m = case["ebits"], case["mbits"]
-    bias = 2 ** (e - 1) - 1
-    x = float_input(case["seed"], 512, -bias - m - 3, 2 ** (e - 1) + 1, m, specials=False)
-    x[:6] = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 3e38, -3e38])
-    return x
-
-
 @pytest.mark.parametrize("case", FPX, ids=ids(FPX))
 def test_fpx_codes_bit_for_bit(case):
     e, m = case["ebits"], case["mbits"]
-    x = fpx_input(case)
+    x = fpx_input(case["seed"], e, m)
     assert digest(x) == case["input"]
     same_bits(qp._f32_to_floatx_unpacked(x, e, m), unpack(case["codes"]))
     codes = torch.arange(2 ** (1 + e + m), dtype=torch.uint8)
