@@ -8,7 +8,9 @@ does: each side runs once untimed right before its timed run, so both read
 their weight warm from cache (the shapes fit the L3), and the figure is the
 median of the per-pair ratios. ``--clock cpu`` times the calling thread's CPU
 time instead of the wall clock (use it with ``--threads 1`` on a machine shared
-with other jobs: time spent descheduled then does not count). Torch's own kernels (``_weight_int8pack_mm``,
+with other jobs: time spent descheduled then does not count). ``OMP_WAIT_POLICY``
+is ``passive`` unless the environment sets it (see bench_llm.py: spin-waiting
+threads make every parallel region wait on a loaded machine). Torch's own kernels (``_weight_int8pack_mm``,
 ``_weight_int4pack_mm_for_cpu``, which quanta used before its own) are measured
 the same way for comparison. Outputs are checked against a float reference
 before timing. Not a test: nothing here asserts on time.
@@ -24,11 +26,13 @@ import os
 import statistics
 import time
 
-import torch
-import torch.nn.functional as F
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch's OpenMP runtime starts (torch is imported below)
 
-from quanta.kernels import int_linear_native
-from quanta.kernels.int_linear import (
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from quanta.kernels import int_linear_native  # noqa: E402
+from quanta.kernels.int_linear import (  # noqa: E402
     int4_cpu_linear,
     int8_dynamic_activation_linear,
     int8_weight_only_linear,
@@ -127,7 +131,8 @@ def main() -> None:
     int_linear_native.ops()
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, quanta kernels: "
-          f"{int_linear_native.status()} ({int_linear_native.isa()}), load average "
+          f"{int_linear_native.status()} ({int_linear_native.isa()}), OMP_WAIT_POLICY="
+          f"{os.environ['OMP_WAIT_POLICY']}, load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; bfloat16 activations; figures are medians of "
           f"{args.pairs} interleaved (case, bf16 F.linear) pairs, each side warm")
     header = f"| {'N x K':>11} | {'M':>3} | {'case':<40} | {'ms':>8} | {'bf16 F.linear ms':>16} | {'/ bf16':>6} |"

@@ -204,3 +204,19 @@ def test_float64_input():
     assert y.dtype == torch.float64
     ref = F.linear(x, w.dequantize())
     assert (y - ref).norm() < 2e-2 * ref.norm()
+
+
+@pytest.mark.parametrize("act", [SYM, ASYM])
+def test_linear_under_inference_mode_takes_the_integer_kernel(act):
+    """Under inference_mode aten.linear reaches dispatch whole (3-D input): it must not fall back to a float copy."""
+    import warnings
+
+    lw = LinearActivationQuantizedTensor(int8_weight(), act)
+    x, bias = randn(2, 5, K, dtype=torch.bfloat16), randn(N, dtype=torch.bfloat16)
+    want = lw.linear(x, bias)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.inference_mode():
+            got = F.linear(x, lw, bias)
+            got_nobias = F.linear(x, lw)
+    assert torch.equal(got, want) and torch.equal(got_nobias, lw.linear(x))

@@ -168,12 +168,18 @@ def _matmul(x: torch.Tensor, q: AQT, flip: bool, bias: Optional[torch.Tensor]) -
     impl = q.tensor_impl
     storage_is_weight = impl.transposed != flip
     if storage_is_weight and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
-        kernels = linear_ops if torch.compiler.is_compiling() else int_linear  # opaque ops in traced graphs
+        traced = torch.compiler.is_compiling()  # opaque ops in traced graphs; eager: the kernel, unchecked
         scale16 = _int8_kernel_scale(q) if _int8_rows(q) else None
         if scale16 is not None:
-            return kernels.int8_weight_only_linear(x, impl.int_data, scale16, bias)
+            if traced:
+                return linear_ops.int8_weight_only_linear(x, impl.int_data, scale16, bias)
+            return int_linear.int8_weight_only_linear_prepared(x, impl.int_data, scale16, bias)
         if isinstance(impl, Int4CPUAQTTensorImpl):
-            return kernels.int4_cpu_linear(x, impl.packed_weight, impl.scale_and_zero, impl.group_size, n_out, bias)
+            if traced:
+                return linear_ops.int4_cpu_linear(x, impl.packed_weight, impl.scale_and_zero, impl.group_size,
+                                                  n_out, bias)
+            return int_linear.int4_cpu_linear_prepared(x, impl.packed_weight, impl.scale_and_zero, impl.group_size,
+                                                       n_out, bias)
     x2 = x.reshape(-1, k)
     sb = q.storage_block_size
     if storage_is_weight:

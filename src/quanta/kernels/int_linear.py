@@ -73,10 +73,12 @@ from quanta.kernels.torchao_blocks import block_min_max, full_block_layout
 __all__ = [
     "check_int4_cpu_shape",
     "int4_cpu_linear",
+    "int4_cpu_linear_prepared",
     "int4_cpu_packed_shape",
     "int8_dynamic_activation_linear",
     "int8_weight_col_sums",
     "int8_weight_only_linear",
+    "int8_weight_only_linear_prepared",
     "pack_int4_cpu",
     "prepare_int8_dynamic",
     "prepare_int8_weight_only",
@@ -255,6 +257,23 @@ def int8_weight_only_linear(x: torch.Tensor, weight_int8: torch.Tensor, scale: t
     return y.reshape(*x.shape[:-1], n)
 
 
+def int8_weight_only_linear_prepared(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
+                                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`int8_weight_only_linear` without its Python argument checks: the decode hot path.
+
+    For callers that hold a weight and bfloat16 scale made by
+    :func:`prepare_int8_weight_only` (a quantized tensor's ``linear``) and a float
+    CPU ``x`` with ``K`` features. The native kernel still checks shapes and
+    dtypes (a ``RuntimeError`` if they are wrong). Same results as the checked call.
+    """
+    lib = _native.ops()
+    if lib is None:
+        return int8_weight_only_linear(x, weight_int8, scale, bias)
+    n, k = weight_int8.shape
+    y = lib.int8_weight_only_linear(x.reshape(-1, k).contiguous(), weight_int8, scale, _bias32(bias))
+    return y.reshape(*x.shape[:-1], n)
+
+
 # --------------------------------------------------------------------------- int4 weight-only
 def check_int4_cpu_shape(n: int, k: int, group_size: int) -> None:
     """Raise ``ValueError`` unless a weight ``[n, k]`` in groups of ``group_size`` fits the int4 CPU kernel.
@@ -400,6 +419,21 @@ def int4_cpu_linear(x: torch.Tensor, packed_weight: torch.Tensor, scale_and_zero
         y = lib.int4_weight_only_linear(_rows(x, k), p, sz, group_size, k, _bias32(bias))
     else:
         y = _ref.int4_weight_only_reference(_rows(x, k), p, sz, group_size, k, bias)
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+def int4_cpu_linear_prepared(x: torch.Tensor, packed_weight: torch.Tensor, scale_and_zero: torch.Tensor,
+                             group_size: int, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`int4_cpu_linear` without its Python argument checks, for weights packed by :func:`pack_int4_cpu`.
+
+    The native kernel still checks shapes and dtypes (a ``RuntimeError`` if they are wrong).
+    """
+    lib = _native.ops()
+    if lib is None:
+        return int4_cpu_linear(x, packed_weight, scale_and_zero, group_size, out_features, bias)
+    k = x.shape[-1]
+    y = lib.int4_weight_only_linear(x.reshape(-1, k).contiguous(), packed_weight, scale_and_zero, group_size, k,
+                                    _bias32(bias))
     return y.reshape(*x.shape[:-1], out_features)
 
 

@@ -1,0 +1,354 @@
+"""LLM inference on CPU: decode and prefill tokens/s of a Llama model quantized by quanta, beside its baselines.
+
+The model of issue 17: transformers ``LlamaForCausalLM`` with hidden size 2048,
+16 layers, 32 query / 4 key-value heads, intermediate size 5632, vocabulary
+32000, random weights, bfloat16 (1.7 GB: far beyond the L3). quanta's
+``quantize_`` turns it into int8 weight-only, int4 weight-only (groups of 32 and
+128), int8 dynamic activations; then a greedy decode loop with the KV cache
+(``DynamicCache``) runs, as a user would write it.
+
+Measured in one run, rounds interleaved across all variants (medians over rounds):
+
+* decode tokens/s: new tokens after a 128-token prompt, one at a time;
+* prefill tokens/s at 128 and 512 prompt tokens (only the last position's logits);
+* the read-bandwidth roofline of decode: bytes of the weights read per token
+  (every Linear, ``lm_head`` included; one embedding row is negligible) divided
+  by the bandwidth of summing a large float32 tensor, measured in the same run;
+* llama.cpp on the same weights (GGUF F16 / Q8_0 / Q4_0 written with the ``gguf``
+  package, run through llama-cpp-python) when ``--llama-python`` names an
+  interpreter that has both (or this one has): it runs in its own process, which
+  measures only while this one waits;
+* torchao (Int8WeightOnlyConfig, Int4WeightOnlyConfig(int4_packing_format="opaque"),
+  Int8DynamicActivationInt8WeightConfig) when it is importable here.
+
+Not a test: nothing asserts on time. Threads: 2 for everyone (``--threads``).
+``OMP_WAIT_POLICY`` is set to ``passive`` unless the environment sets it (for this
+process and the llama.cpp worker alike): on a machine whose cores other jobs
+also use, OpenMP's default spin-waiting makes every parallel region wait for a
+descheduled thread (a 2-layer model decoded 13x slower with 2 threads than with
+1 here, and 80x faster once passive); ``--omp-wait-policy active`` restores
+torch's default.
+
+    python bench/bench_llm.py [--rounds 3] [--decode-tokens 32] [--llama-python /path/to/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+CONFIG = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=4,
+              intermediate_size=5632, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-6,
+              rope_theta=10000.0, tie_word_embeddings=False)
+PROMPTS = (128, 512)
+DECODE_CONTEXT = 128
+
+
+# ============================================================================ llama.cpp worker (no torch)
+def _gguf_write(src: pathlib.Path, dst: pathlib.Path, kind: str) -> None:
+    """GGUF ``kind`` (F16, Q8_0, Q4_0) of the float16 .npy tensors in ``src`` (HF names)."""
+    import gguf
+    import numpy as np
+
+    cfg = CONFIG
+    qtype = {"F16": gguf.GGMLQuantizationType.F16, "Q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "Q4_0": gguf.GGMLQuantizationType.Q4_0}[kind]
+    ftype = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+             "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[kind]
+    w = gguf.GGUFWriter(str(dst), "llama")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_dimension_count(cfg["hidden_size"] // cfg["num_attention_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_file_type(ftype)
+    n_vocab = cfg["vocab_size"]
+    w.add_tokenizer_model("llama")
+    w.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"t{i}".encode() for i in range(3, n_vocab)])
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([2, 3, 3] + [1] * (n_vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for i in range(cfg["num_hidden_layers"]):
+        for hf, gg in per_layer.items():
+            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+    for hf, gg in names.items():
+        a = np.load(src / f"{hf}.npy")
+        if a.ndim == 1:
+            w.add_tensor(gg, a.astype(np.float32))
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(gg, a.astype(np.float16))
+        else:
+            w.add_tensor(gg, gguf.quants.quantize(a.astype(np.float32), qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _llama_worker(args) -> None:
+    """Write the GGUF files, load them, then answer one JSON command a line on stdin (a measurement round)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    src, kinds = pathlib.Path(args.weights_dir), args.kinds.split(",")
+    models = {}
+    for kind in kinds:
+        path = src / f"model-{kind}.gguf"
+        if not path.exists():
+            _gguf_write(src, path, kind)
+        models[kind] = Llama(model_path=str(path), n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=args.threads,
+                             n_threads_batch=args.threads, verbose=False)
+        models[kind].eval([1, 2, 3])  # load and touch
+    rng = np.random.default_rng(0)
+    print(json.dumps({"ready": kinds, "bytes": {k: (src / f"model-{k}.gguf").stat().st_size for k in kinds}}),
+          flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        out = {}
+        for kind, llm in models.items():
+            res = {}
+            for n in cmd["prompts"]:
+                llm.reset()
+                toks = [int(t) for t in rng.integers(3, CONFIG["vocab_size"], n)]
+                t0 = time.perf_counter()
+                llm.eval(toks)
+                res[f"prefill{n}"] = n / (time.perf_counter() - t0)
+            llm.reset()
+            llm.eval([int(t) for t in rng.integers(3, CONFIG["vocab_size"], cmd["context"])])
+            t0 = time.perf_counter()
+            for _ in range(cmd["decode"]):
+                tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+                llm.eval([tok])
+            res["decode"] = cmd["decode"] / (time.perf_counter() - t0)
+            out[kind] = res
+        print(json.dumps(out), flush=True)
+
+
+# ============================================================================ main process (torch)
+def _bandwidth(torch, threads: int) -> float:
+    """Bytes/s of reading a 1 GiB float32 tensor (sum), median of 5."""
+    big = torch.empty(256 * 2**20, dtype=torch.float32).uniform_()
+    big.sum()
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        big.sum()
+        ts.append(time.perf_counter() - t0)
+    return big.numel() * 4 / statistics.median(ts)
+
+
+def _weight_bytes(torch, model) -> int:
+    """Bytes of every Linear weight (codes, scales, zero points) and norm: what one decode step reads."""
+    total = 0
+    for name, mod in model.named_modules():
+        w = getattr(mod, "weight", None)
+        if w is None or isinstance(mod, torch.nn.Embedding):
+            continue
+        if hasattr(w, "storage_nbytes"):
+            total += int(w.storage_nbytes)
+        elif hasattr(w, "__tensor_flatten__"):  # a torchao tensor subclass: its inner tensors
+            names, _ = w.__tensor_flatten__()
+            for n in names:
+                t = getattr(w, n)
+                total += _weight_bytes_of(t)
+        else:
+            total += w.numel() * w.element_size()
+    return total
+
+
+def _weight_bytes_of(t) -> int:
+    if hasattr(t, "__tensor_flatten__") and type(t).__name__ != "Tensor" and type(t).__name__ != "Parameter":
+        names, _ = t.__tensor_flatten__()
+        return sum(_weight_bytes_of(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
+def _cache_kw(model) -> str:
+    """The forward's KV-cache argument: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def _measure(torch, model, prompts, decode_tokens: int, gen) -> dict:
+    from transformers import DynamicCache
+
+    kw = _cache_kw(model)
+    res = {}
+    with torch.inference_mode():
+        for n in prompts:
+            ids = torch.randint(3, CONFIG["vocab_size"], (1, n), generator=gen)
+            t0 = time.perf_counter()
+            model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: DynamicCache()})
+            res[f"prefill{n}"] = n / (time.perf_counter() - t0)
+        ids = torch.randint(3, CONFIG["vocab_size"], (1, DECODE_CONTEXT), generator=gen)
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: DynamicCache()})
+        cache, tok = getattr(out, kw), out.logits[:, -1].argmax(-1, keepdim=True)
+        t0 = time.perf_counter()
+        for _ in range(decode_tokens):
+            out = model(input_ids=tok, use_cache=True, **{kw: cache})
+            cache, tok = getattr(out, kw), out.logits[:, -1].argmax(-1, keepdim=True)
+        res["decode"] = decode_tokens / (time.perf_counter() - t0)
+    return res
+
+
+def _variants(torch, base):
+    """(name, model) for bf16 and every quantized variant that can be built here."""
+    from quanta.quantization import (Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+                                     Int8WeightOnlyConfig, quantize_)
+
+    out = [("bf16", base)]
+    quanta_cfgs = [("quanta int8 weight-only", Int8WeightOnlyConfig()),
+                   ("quanta int4 weight-only g128", Int4WeightOnlyConfig(group_size=128)),
+                   ("quanta int4 weight-only g32", Int4WeightOnlyConfig(group_size=32)),
+                   ("quanta int8 dynamic", Int8DynamicActivationInt8WeightConfig())]
+    for name, cfg in quanta_cfgs:
+        m = copy.deepcopy(base)
+        t0 = time.perf_counter()
+        quantize_(m, cfg, strict=True)
+        print(f"# {name}: quantize_ took {time.perf_counter() - t0:.1f} s", flush=True)
+        out.append((name, m))
+    try:
+        import torchao
+        from torchao.quantization import Int4WeightOnlyConfig as AoInt4
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig as AoDyn
+        from torchao.quantization import Int8WeightOnlyConfig as AoInt8
+        from torchao.quantization import quantize_ as ao_quantize_
+    except Exception as e:  # not installed here: the column stays empty
+        print(f"# torchao not importable here ({type(e).__name__}); its rows are skipped", flush=True)
+        return out
+    ao_cfgs = [("torchao int8 weight-only", lambda: AoInt8()),
+               ("torchao int4 weight-only g128", lambda: AoInt4(group_size=128, int4_packing_format="opaque")),
+               ("torchao int4 weight-only g32", lambda: AoInt4(group_size=32, int4_packing_format="opaque")),
+               ("torchao int8 dynamic", lambda: AoDyn())]
+    for name, make in ao_cfgs:
+        m = copy.deepcopy(base)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ao_quantize_(m, make())
+            _measure(torch, m, (8,), 1, torch.Generator().manual_seed(0))
+        except Exception as e:
+            print(f"# {name} (torchao {torchao.__version__}) failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        out.append((name, m))
+    return out
+
+
+def _start_llama(args, base, torch):
+    """The llama.cpp worker process (weights exported as float16 .npy), or None with the reason printed."""
+    py = args.llama_python or sys.executable
+    check = subprocess.run([py, "-c", "import gguf, llama_cpp, numpy"], capture_output=True, text=True)
+    if check.returncode != 0:
+        print(f"# llama.cpp skipped: {py} cannot import gguf and llama_cpp", flush=True)
+        return None
+    wdir = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="quanta_llm_"))
+    wdir.mkdir(parents=True, exist_ok=True)
+    import numpy as np
+
+    for name, t in base.state_dict().items():
+        if not (wdir / f"{name}.npy").exists():
+            np.save(wdir / f"{name}.npy", t.float().numpy().astype(np.float16))
+    proc = subprocess.Popen([py, __file__, "--llama-worker", "--weights-dir", str(wdir), "--kinds", "F16,Q8_0,Q4_0",
+                             "--threads", str(args.threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    ready = json.loads(proc.stdout.readline())
+    print(f"# llama.cpp ready: {ready}", flush=True)
+    return proc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-python", help="an interpreter with gguf and llama_cpp (default: this one)")
+    ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--work-dir", help="where the exported weights and GGUF files go (kept; default: a temp dir)")
+    ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--weights-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--kinds", help=argparse.SUPPRESS)
+    ap.add_argument("--omp-wait-policy", default=os.environ.get("OMP_WAIT_POLICY", "passive"))
+    args = ap.parse_args()
+    if args.llama_worker:
+        return _llama_worker(args)
+    os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # before torch starts its OpenMP runtime
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quanta.kernels import int_linear_native
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.bfloat16).eval()
+    llama = None if args.no_llama else _start_llama(args, base, torch)
+    variants = _variants(torch, base)
+    int_linear_native.ops()
+    bw = _bandwidth(torch, args.threads)
+    gen = torch.Generator().manual_seed(1)
+    for _, m in variants:  # warm-up: first calls build caches
+        _measure(torch, m, (16,), 2, gen)
+    rows: dict[str, list[dict]] = {name: [] for name, _ in variants}
+    llama_rows: dict[str, list[dict]] = {}
+    for r in range(args.rounds):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for name, m in order:
+            rows[name].append(_measure(torch, m, PROMPTS, args.decode_tokens, gen))
+        if llama is not None:
+            llama.stdin.write(json.dumps({"prompts": list(PROMPTS), "context": DECODE_CONTEXT,
+                                          "decode": args.decode_tokens}) + "\n")
+            llama.stdin.flush()
+            for kind, res in json.loads(llama.stdout.readline()).items():
+                llama_rows.setdefault(kind, []).append(res)
+        bw = statistics.median([bw, _bandwidth(torch, args.threads)])
+        print(f"# round {r + 1}/{args.rounds} done", flush=True)
+    if llama is not None:
+        llama.stdin.close()
+        llama.wait(timeout=60)
+
+    def med(rs, key):
+        return statistics.median(x[key] for x in rs)
+
+    bf16_decode = med(rows["bf16"], "decode")
+    print(f"\ntorch {torch.__version__}, {args.threads} threads, quanta kernels {int_linear_native.status()} "
+          f"({int_linear_native.isa()}), OMP_WAIT_POLICY={args.omp_wait_policy}; read bandwidth {bw / 1e9:.1f} GB/s; load average "
+          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; medians of {args.rounds} interleaved rounds; decode "
+          f"after a {DECODE_CONTEXT}-token prompt, {args.decode_tokens} tokens")
+    header = ("| weights | weight MB read / token | decode tok/s | roofline tok/s | decode / roofline | "
+              "decode / bf16 | prefill 128 tok/s | prefill 512 tok/s |")
+    print(header)
+    print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
+    for name, m in variants:
+        nbytes = _weight_bytes(torch, m)
+        d = med(rows[name], "decode")
+        roof = bw / nbytes
+        print(f"| {name} | {nbytes / 1e6:.0f} | {d:.1f} | {roof:.1f} | {d / roof:.2f} | {d / bf16_decode:.2f} | "
+              f"{med(rows[name], 'prefill128'):.0f} | {med(rows[name], 'prefill512'):.0f} |")
+    for kind, rs in llama_rows.items():
+        print(f"| llama.cpp {kind} | | {med(rs, 'decode'):.1f} | | | {med(rs, 'decode') / bf16_decode:.2f} | "
+              f"{med(rs, 'prefill128'):.0f} | {med(rs, 'prefill512'):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
