@@ -204,8 +204,8 @@ def test_qdq_false_needs_no_calibration(tmp_path):
 def test_name_map_and_graph_names(tmp_path):
     sim, x = _shared_sim("transformer", "w8a8")
     _, names, model = _export(sim, tmp_path, x)
-    assert names["qkv.output_quantizers.0"] == "qkv.output.0"
-    assert names["softmax.output_quantizers.0"] == "softmax.output.0"
+    assert names["qkv.output_quantizers.0"] == "/qkv/Add_output_0"  # torch.onnx's name (MatMul, then Add)
+    assert names["softmax.output_quantizers.0"] == "/softmax/Softmax_output_0"
     assert names["fc1.param_quantizers.weight"] == "fc1.weight"
     producers = {o: n for n in model.graph.node for o in n.output}
     consumers: dict[str, list] = {}
@@ -218,17 +218,50 @@ def test_name_map_and_graph_names(tmp_path):
         if ".param_quantizers." in qname:
             assert initializers[tensor].data_type == onnx.TensorProto.FLOAT
         else:
-            assert tensor in producers
+            assert tensor in producers or tensor in [i.name for i in model.graph.input]
     assert [i.name for i in model.graph.input] == ["x"]
     assert [o.name for o in model.graph.output] == ["output"]
     assert {"ln1.bias", "ln2.bias", "ln2.weight"} <= set(initializers)  # every parameter keeps its own name
 
 
-def test_names_match_the_encodings_writer(tmp_path):
+def test_names_are_torch_onnx_names_and_weights_state_dict_names(tmp_path):
     sim_encodings = pytest.importorskip("quanta.export.sim_encodings")
     sim, x = _shared_sim("cnn", "w8a8")
     _, names, _ = _export(sim, tmp_path, x)
-    assert {tensor: q for q, tensor in names.items()} == sim_encodings.tensor_names(sim)
+    assert set(names) == set(sim_encodings.tensor_names(sim).values())  # every quantizer
+    assert {t: q for t, q in sim_encodings.tensor_names(sim).items() if ".param_quantizers." in q} == \
+        {t: q for q, t in names.items() if ".param_quantizers." in q}
+    assert names["relu1.output_quantizers.0"] == "/relu1/Relu_output_0"  # as AIMET's export names it
+    assert names["fc.output_quantizers.0"] == "/fc/Gemm_output_0"
+
+
+def test_nested_modules_are_named_by_their_path(tmp_path):
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.act = nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.act(self.fc(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([Block(), Block()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    x = torch.randn(4, 8)
+    sim = QuantizationSimModel(Net().eval(), x)
+    sim.compute_encodings([x], progress=False)
+    _, names, _ = _export(sim, tmp_path, x)
+    # what torch.onnx names the original model's tensors: layers.0's forward calls its act
+    assert names["layers.0.act.output_quantizers.0"] == "/layers.0/act/Relu_output_0"
+    assert names["layers.1.act.output_quantizers.0"] == "/layers.1/act/Relu_output_0"
 
 
 def test_prequantized_weights_are_integer_initializers(tmp_path):
@@ -342,9 +375,9 @@ def test_low_bit_activations_and_unsigned_symmetric_weights(tmp_path):
     a.set_range(-1, 1)
     path, _, model = _export(sim, tmp_path, x)
     zero_points = {i.name: i.data_type for i in model.graph.initializer if i.name.endswith("_zero_point")}
-    assert zero_points["relu1.output.0_zero_point"] == onnx.TensorProto.UINT4
+    assert zero_points["/relu1/Relu_output_0_zero_point"] == onnx.TensorProto.UINT4
     assert zero_points["conv1.weight_zero_point"] == onnx.TensorProto.UINT8
-    assert zero_points["fc.output.0_zero_point"] == onnx.TensorProto.INT4
+    assert zero_points["/fc/Gemm_output_0_zero_point"] == onnx.TensorProto.INT4
     np.testing.assert_array_equal(_run(path, x), _reference(sim, x))
 
 
@@ -392,11 +425,11 @@ def test_multihead_attention(tmp_path):
     onnx.checker.check_model(onnx.load(path), full_check=True)
     assert "mha.output_quantizers.1" not in names
     assert names["mha.param_quantizers.in_proj_weight"] == "mha.in_proj_weight"
-    assert names["mha.output_quantizers.0"] == "mha.output.0"
+    assert names["mha.output_quantizers.0"].startswith("/mha/")  # the last op of the attention
     np.testing.assert_allclose(_run(path, x), _reference(sim, x), rtol=0, atol=1e-6)
 
 
-def test_module_called_twice_gets_suffixed_names(tmp_path):
+def test_module_called_twice_quantizes_both_tensors(tmp_path):
     class Twice(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -409,8 +442,8 @@ def test_module_called_twice_gets_suffixed_names(tmp_path):
     sim = QuantizationSimModel(Twice().eval(), x)
     sim.compute_encodings([x], progress=False)
     path, names, model = _export(sim, tmp_path, x)
-    assert names["fc.output_quantizers.0"] == "fc.output.0"
-    assert {"fc.output.0", "fc.output.0_1"} <= _tensor_names(model)
+    assert names["fc.output_quantizers.0"] == "/fc/Gemm_output_0"  # the first call
+    assert {"/fc/Gemm_output_0", "/fc_1/Gemm_output_0"} <= _tensor_names(model)
     assert _ops(model).count("QuantizeLinear") == 4  # the weight once, fc's output twice, relu's output
     np.testing.assert_array_equal(_run(path, x), _reference(sim, x))
 
@@ -420,7 +453,10 @@ def test_dynamo_exporter(tmp_path):
     sim, x = _shared_sim("cnn", "w4_block8")
     legacy, legacy_names, _ = _export(sim, tmp_path, x, name="legacy.onnx")
     path, names, model = _export(sim, tmp_path, x, dynamo=True)
-    assert names == legacy_names
+    assert set(names) == set(legacy_names)  # the dynamo exporter names activations its own way ("relu_1")
+    assert {q: t for q, t in names.items() if ".param_quantizers." in q} == \
+        {q: t for q, t in legacy_names.items() if ".param_quantizers." in q}
+    assert set(names.values()) <= _tensor_names(model)
     assert _opset(model) == 21
     np.testing.assert_array_equal(_run(path, x), _reference(sim, x))
     with pytest.raises(ValueError, match="dynamo=True exports opset 18"):
@@ -511,8 +547,8 @@ def test_model_input_quantizer_keeps_the_input_name(tmp_path):
     sim, x = _sim("transformer", config_file=d)
     path, names, model = _export(sim, tmp_path, x)
     assert [i.name for i in model.graph.input] == ["x"]
-    assert names["ln1.input_quantizers.0"] == "ln1.input.0"
-    assert names["add.input_quantizers.0"] == "add.input.0"
+    assert names["ln1.input_quantizers.0"] == "x"  # the graph input itself, as AIMET's export names it
+    assert names["add.input_quantizers.0"] == "add.input.0"  # a second quantizer of x: quanta's name
     np.testing.assert_array_equal(_run(path, x), _reference(sim, x))
 
 
@@ -550,7 +586,7 @@ def test_untraced_model(tmp_path):
         sim = QuantizationSimModel(factory().eval(), x, trace=False)  # functional ops stay in float
     sim.compute_encodings([calib], progress=False)
     path, names, _ = _export(sim, tmp_path, x)
-    assert names["fc2.output_quantizers.0"] == "fc2.output.0"
+    assert names["fc2.output_quantizers.0"] == "/fc2/Add_output_0"
     np.testing.assert_array_equal(_run(path, x), _reference(sim, x))
 
 
@@ -566,7 +602,8 @@ def test_hf_style_encoder_with_dict_outputs(tmp_path):
     path, names, model = _export(sim, tmp_path, (ids[:4], mask[:4]))
     assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
     assert [o.name for o in model.graph.output] == ["last_hidden_state", "pooler_output"]
-    assert "layers.0.softmax.output.0" in names.values()
+    assert names["layers.0.softmax.output_quantizers.0"] == "/layers.0/softmax/Softmax_output_0"
+    assert names["layers.1.query.output_quantizers.0"] == "/layers.1/query/Add_output_0"
     got = _run(path, ids[:4], mask[:4])  # the first output
     with torch.no_grad():
         want = sim.model(ids[:4], mask[:4])["last_hidden_state"].numpy()

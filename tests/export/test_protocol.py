@@ -72,7 +72,7 @@ def test_export_encodings_records_the_sim_defaults(sim, tmp_path):
     export_encodings(s, tmp_path / "m.encodings", "1.0.0")
     doc = json.loads((tmp_path / "m.encodings").read_text())
     assert doc["quantizer_args"]["activation_bitwidth"] == s.default_output_bw
-    assert doc["quantizer_args"]["quant_scheme"] == "post_training_tf"
+    assert doc["quantizer_args"]["quant_scheme"] == "min_max"  # aimet-torch 2.x's name
     assert doc["excluded_layers"] == list(s.unquantized_modules)
 
 

@@ -157,7 +157,7 @@ def test_export_writes_quantizer_args_and_symmetric_flags(tmp_path):
     sim = _calibrated("cnn", "w8a8")
     export_encodings(sim, tmp_path / "a.json", V100)
     doc = json.loads((tmp_path / "a.json").read_text())
-    assert doc["quantizer_args"]["quant_scheme"] == "post_training_tf"
+    assert doc["quantizer_args"]["quant_scheme"] == "min_max"  # aimet-torch 2.x's name
     assert doc["quantizer_args"]["is_symmetric"] is True
     assert doc["quantizer_args"]["per_channel_quantization"] is True
     entries = {e["name"]: e for e in doc["param_encodings"] + doc["activation_encodings"]}

@@ -224,7 +224,7 @@ def test_export_failure_keeps_previous_files(tmp_path, monkeypatch, sims, how):
     pytest.importorskip("onnx")
     (old, x), (new, _) = sims
     _export(old, x, tmp_path)
-    files = ["model.encodings", "model.onnx"]
+    files = ["model.encodings", "model.onnx", "model_torch.encodings"]
     before = {f: (tmp_path / f).read_bytes() for f in files}
     _onnx_injection(monkeypatch, how)
     with pytest.raises(Injected):
@@ -238,15 +238,14 @@ def test_export_failure_in_the_encodings_keeps_the_previous_pair(tmp_path, monke
     pytest.importorskip("onnx")
     (old, x), (new, _) = sims
     _export(old, x, tmp_path)
-    files = ["model.encodings", "model.onnx"]
+    files = ["model.encodings", "model.onnx", "model_torch.encodings"]
     before = {f: (tmp_path / f).read_bytes() for f in files}
     _onnx_injection(monkeypatch, "encodings_json")
     with pytest.raises(Injected):
         _export(new, x, tmp_path)
     monkeypatch.undo()
     _no_temporaries(tmp_path, files)
-    assert (tmp_path / "model.encodings").read_bytes() == before["model.encodings"]
-    assert (tmp_path / "model.onnx").read_bytes() == before["model.onnx"]
+    assert {f: (tmp_path / f).read_bytes() for f in files} == before
 
 
 # ============================================================================ save_quantized

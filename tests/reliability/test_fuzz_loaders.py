@@ -65,6 +65,7 @@ from quantsim_models import W4_BLOCK_CONFIG
 
 from quanta.dtypes import AffineQuantizedTensor, LinearActivationQuantizedTensor, load_quantized, save_quantized
 from quanta.export.encodings import EncodingsFile, read_encodings
+from quanta.export.sim_encodings import export_encodings
 from quanta.quantization import quantize_
 from quanta.quantsim import QuantizationSimModel
 
@@ -119,9 +120,13 @@ class Subject:
         self.docs: dict[str, dict[str, Any]] = {}
         for version in (None, *versions):
             path = _scratch(f"{key}-{version}.json")
-            self.sim.save_encodings(path, version=version)
+            self.sim.save_encodings(path, version=version)  # 0.6.1, 1.0.0: AIMET's module-keyed layout
             with open(path, encoding="utf-8") as f:
                 self.docs[version or "quanta"] = json.load(f)
+            if version in ("0.6.1", "1.0.0"):  # and the tensor-keyed one (<prefix>.encodings)
+                export_encodings(self.sim, path, version)
+                with open(path, encoding="utf-8") as f:
+                    self.docs[f"{version}-tensor"] = json.load(f)
             os.unlink(path)
 
     def restore(self) -> None:
@@ -839,8 +844,10 @@ def test_non_finite_or_negative_qparams_are_rejected_at_load(name, tensor, value
 
 
 @pytest.mark.parametrize("version, path", [("0.6.1", ("param_encodings", "0.weight", 0, "dtype")),
-                                           ("1.0.0", ("param_encodings", 0, "dtype")),
-                                           ("1.0.0", ("param_encodings", 0, "enc_type")),
+                                           ("0.6.1-tensor", ("param_encodings", "0.weight", 0, "dtype")),
+                                           ("1.0.0", ("param_encodings", "0.weight", 0, "dtype")),
+                                           ("1.0.0-tensor", ("param_encodings", 0, "dtype")),
+                                           ("1.0.0-tensor", ("param_encodings", 0, "enc_type")),
                                            ("2.0.0", ("encodings", 0, "output_dtype"))])
 def test_unhashable_vocabulary_values_are_value_errors(version, path):
     """FINDING 8: ``"dtype": ["int"]`` (or a list/dict enc_type/output_dtype) raised TypeError("unhashable type")

@@ -1,5 +1,6 @@
 """A simulated model's encodings in files: quanta's own lossless JSON format, and AIMET's formats through
-:mod:`quanta.export.sim_encodings`.
+:mod:`quanta.export.sim_encodings` (every file AIMET 2.x writes is read: ``<prefix>.encodings`` of any
+version, keyed by ONNX tensor names, and the module-keyed ``<prefix>_torch.encodings``).
 
 quanta's format (``version=None``) holds every initialised quantizer by its name in ``sim.named_quantizers()``::
 
@@ -18,7 +19,7 @@ positive scales, integer offsets, symmetric offsets for symmetric quantizers) be
 >>> sim = QuantizationSimModel(model, x)
 >>> sim.compute_encodings([x], progress=False)
 >>> doc = encodings_document(sim.named_quantizers())
->>> doc["format"], sorted(doc["quantizers"])
+>>> doc["format"], sorted(n for n in doc["quantizers"] if "input" not in n)
 ('quanta.quantsim.encodings', ['0.output_quantizers.0', '0.param_quantizers.weight'])
 >>> fresh = QuantizationSimModel(model, x)
 >>> load_encodings(fresh, doc, strict=True, partial=False, requires_grad=None, allow_overwrite=None)
@@ -62,12 +63,18 @@ def encodings_document(quantizers: Iterable[tuple[str, QuantizerBase]]) -> dict[
 
 
 def save_encodings(sim: SimulationLike, path: str | os.PathLike, version: str | None = None) -> None:
-    """Write ``sim``'s encodings to ``path`` (atomically): quanta's format, or AIMET's ``version``."""
+    """Write ``sim``'s encodings to ``path`` (atomically): quanta's format, or AIMET's ``version``: 0.6.1 and
+    1.0.0 as AIMET's module-keyed ``_torch.encodings`` (what AIMET's ``load_encodings`` reads), 2.0.0 and
+    2.1.0 as their ``encodings`` list keyed by quanta's tensor names (AIMET reads no 2.x file into a sim)."""
     if version is not None:
         from quanta.export.encodings import EncodingsVersion
-        from quanta.export.sim_encodings import export_encodings
+        from quanta.export.sim_encodings import export_encodings, export_torch_encodings
 
-        export_encodings(sim, path, EncodingsVersion.parse(version))
+        parsed = EncodingsVersion.parse(version)
+        if parsed.is_2x:
+            export_encodings(sim, path, parsed)
+        else:
+            export_torch_encodings(sim, path, parsed)
         return
     text = json.dumps(encodings_document(sim.named_quantizers()), indent=1)
 
@@ -82,20 +89,30 @@ def load_encodings(sim: SimulationLike, encodings: str | os.PathLike | Mapping[s
                    partial: bool, requires_grad: bool | None, allow_overwrite: bool | None) -> None:
     """Set ``sim``'s quantizer encodings from a file or its parsed dict, in quanta's format or AIMET's (the
     options as :meth:`quanta.quantsim.QuantizationSimModel.load_encodings` says)."""
-    where = ""
+    where, path = "", None
     if isinstance(encodings, (str, os.PathLike)):  # parse once (json only), then tell the formats apart
-        where = f"{os.fspath(encodings)}: "
+        path = os.fspath(encodings)
+        where = f"{path}: "
         encodings = read_json(encodings, "encodings")
         if not isinstance(encodings, Mapping):
             raise ValueError(f"{where}encodings: expected a JSON object, got {type(encodings).__name__}")
     if not _is_quanta_format(encodings):
+        from quanta.export.encodings import read_encodings
         from quanta.export.sim_encodings import apply_encodings
 
         try:
-            apply_encodings(sim, encodings, strict=strict, partial=partial, requires_grad=requires_grad,
-                            allow_overwrite=allow_overwrite)
+            doc = read_encodings(encodings)
+            names, derived, copies = _onnx_names(sim, doc, path)
+            apply_encodings(sim, doc, strict=strict, partial=partial, requires_grad=requires_grad,
+                            allow_overwrite=allow_overwrite, names=names, derived=derived, copies=copies)
         except ValueError as e:
-            raise ValueError(f"{where}{e}") from None
+            hint = ""
+            if "no such tensor in the model" in str(e) and path is not None and path.endswith(".encodings") \
+                    and not path.endswith(_TORCH_SUFFIX):
+                hint = (f" (ONNX tensor names are matched by exporting this sim with its dummy input, graph inputs "
+                        f"and outputs by position in the .onnx file beside the encodings; AIMET's module-keyed "
+                        f"{path[:-len('.encodings')]}{_TORCH_SUFFIX} names every quantizer)")
+            raise ValueError(f"{where}{e}{hint}") from None
         return
     doc = _read_encodings(encodings)
     entries = doc["quantizers"]
@@ -128,9 +145,50 @@ def load_encodings(sim: SimulationLike, encodings: str | os.PathLike | Mapping[s
 
 
 def _is_quanta_format(doc: Any) -> bool:
-    """Whether a parsed encodings document is quanta's own format; AIMET's carry a ``version`` and no ``format``.
+    """Whether a parsed encodings document is quanta's own format; AIMET's carry a ``version`` (or, written by
+    its ``save_encodings_to_json``, ``activation_encodings`` and ``param_encodings``) and no ``format``.
     Anything that is not a mapping goes to quanta's reader, which names what is wrong with it."""
-    return not isinstance(doc, Mapping) or "format" in doc or "version" not in doc
+    if not isinstance(doc, Mapping) or "format" in doc:
+        return True
+    return "version" not in doc and not ("activation_encodings" in doc and "param_encodings" in doc)
+
+
+_TORCH_SUFFIX = "_torch.encodings"
+
+
+def _onnx_names(sim: SimulationLike, doc: Any, path: str | None) -> tuple[dict[str, str], set[str], set[str]]:
+    """For a tensor-keyed AIMET file whose names are not quanta's tensor names: ``({file name: quanta tensor
+    name}, {derived names}, {weight copies})`` (:func:`quanta.export.onnx.names.resolve`) from an ONNX export
+    of ``sim`` with its dummy input (the names ``torch.onnx`` gives, as in AIMET's export); graph inputs and
+    outputs by position in the ``.onnx`` beside ``path``."""
+    from quanta.export.encodings import KeyedBy
+    from quanta.export.sim_encodings import tensor_names
+
+    if doc.keyed_by is KeyedBy.MODULE:
+        return {}, set(), set()
+    slots = tensor_names(sim, disabled=True)
+    unresolved = [n for n in doc.encodings if n not in slots]
+    args, kwargs = getattr(sim, "_dummy_args", None), getattr(sim, "_dummy_kwargs", None)
+    if not unresolved or args is None:
+        return {}, set(), set()
+    try:
+        import onnx  # noqa: F401
+    except ImportError:  # pragma: no cover - optional dependency
+        raise ValueError(f"entries {_shortlist(unresolved)} are not quanta tensor names; reading ONNX tensor names "
+                         "exports the sim to ONNX, which needs the onnx package (pip install 'quanta[onnx]'), or "
+                         f"load the module-keyed {_TORCH_SUFFIX} file AIMET writes beside it") from None
+    from quanta.export.onnx.names import file_io_names, resolve, tensor_map
+    from quanta.export.onnx.plan import MAX_OPSET, MIN_OPSET
+
+    file_io = None
+    if path is not None and path.endswith(".encodings"):
+        file_io = file_io_names(path[: -len(".encodings")] + ".onnx")
+    opset = file_io[2] if file_io is not None and MIN_OPSET <= file_io[2] <= MAX_OPSET else None
+    dummy = kwargs if kwargs and not args else args
+    tmap = tensor_map(sim, dummy, opset=opset)
+    found = resolve(unresolved, tmap, file_io)
+    slot_of = {q: t for t, q in tensor_names(sim).items()}
+    return {n: slot_of[q] for n, q in found.quantizers.items() if q in slot_of}, found.derived, found.copies
 
 
 def _read_encodings(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:

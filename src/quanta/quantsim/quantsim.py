@@ -372,10 +372,12 @@ class QuantizationSimModel:
         """Write every initialised quantizer's encoding to a JSON file (atomically) that :meth:`load_encodings` reads.
 
         ``version=None`` writes quanta's lossless format (any grid, block and
-        float format); ``"0.6.1"``, ``"1.0.0"`` or ``"2.0.0"`` write AIMET's
-        encodings formats (see :mod:`quanta.export.encodings`), with activations
-        named ``"<module>.output.<i>"`` / ``"<module>.input.<i>"`` and parameters
-        ``"<module>.<param>"``. Encodings a version cannot hold raise ValueError.
+        float format); ``"0.6.1"`` or ``"1.0.0"`` AIMET's module-keyed file (as its
+        ``save_encodings_to_json`` and the ``_torch.encodings`` of its export: what AIMET's
+        ``load_encodings`` reads); ``"2.0.0"`` or ``"2.1.0"`` AIMET's ``encodings`` list with
+        activations named ``"<module>.output.<i>"`` / ``"<module>.input.<i>"`` and parameters
+        ``"<module>.<param>"`` (see :mod:`quanta.export.encodings`). Encodings a version cannot
+        hold raise ValueError.
         """
         encodings_io.save_encodings(self, path, version)
 
@@ -395,8 +397,12 @@ class QuantizationSimModel:
         requires_grad: bool | None = None,
         allow_overwrite: bool | None = None,
     ) -> None:
-        """Set quantizer encodings from a file written by :meth:`save_encodings` (or its dict), in quanta's
-        format or in AIMET's 0.6.1 / 1.0.0 / 2.0.0 formats (names as :meth:`save_encodings` writes them).
+        """Set quantizer encodings from a file (or its dict): quanta's format, or any file AIMET 2.x or quanta
+        writes: ``<prefix>.encodings`` of version 0.6.1 / 1.0.0 / 2.0.0 / 2.1.0 keyed by ONNX tensor names
+        (matched by exporting this sim to ONNX with its dummy input; graph inputs and outputs by position
+        in the ``<prefix>.onnx`` beside the file), the module-keyed ``<prefix>_torch.encodings``, or the
+        files :meth:`save_encodings` writes. AIMET's derived int32 bias encodings, and encodings it repeats
+        after data-movement ops (a Flatten) where this sim has no quantizer, are skipped.
 
         Args:
             strict: every entry must name an existing, enabled quantizer of the same grid and shape.
@@ -430,22 +436,27 @@ class QuantizationSimModel:
         prequantize_weights: bool = False,
         opset: int | None = None,
     ) -> dict[str, str]:
-        """Write ``<path>/<filename_prefix>.onnx`` and ``<path>/<filename_prefix>.encodings`` (AIMET's export).
+        """Write the files AIMET's ``sim.export`` writes, in ``path`` (which must exist):
 
-        The ONNX graph has standard QuantizeLinear/DequantizeLinear nodes for every
-        quantizer (``qdq=False``: the float graph, for toolchains that read the
-        encodings file instead); weights can be stored pre-quantized. The opset is
-        the lowest the dtypes need (13 for 8-bit, 21 for int4/int16/blocks) unless
-        ``opset`` is given. The encodings file is AIMET's ``encoding_version``
-        format (``"0.6.1"``, ``"1.0.0"``, ``"2.0.0"``), keyed by the ONNX tensor
-        names; :meth:`load_encodings` reads it back. Both files are written
-        atomically. Needs the ``onnx`` extra (``pip install 'quanta[onnx]'``).
+        * ``<prefix>.onnx``: the graph, with standard QuantizeLinear/DequantizeLinear nodes for every
+          quantizer (``qdq=False``: the float graph, as AIMET writes it, for toolchains that read the
+          encodings file instead); weights can be stored pre-quantized. Opset: torch's default (20, as
+          AIMET's export) or higher where a quantizer needs it (21 for int4/int16/blocks), or ``opset``.
+        * ``<prefix>.encodings``: AIMET's ``encoding_version`` format (``"0.6.1"``, ``"1.0.0"``,
+          ``"2.0.0"``, ``"2.1.0"``) keyed by the graph's tensor names, which are the names ``torch.onnx``
+          gives them (``"/relu1/Relu_output_0"``; weights by ``state_dict`` name), as in AIMET's file.
+        * ``<prefix>_torch.encodings``: keyed by module name → input/output index (and parameter name),
+          what AIMET's ``QuantizationSimModel.load_encodings`` reads (0.6.1 entries under version
+          ``encoding_version``; ``"1.0.0"`` for a 2.x export, which AIMET writes no such file for).
 
-        Returns ``{quantizer name: ONNX tensor name}``.
+        :meth:`load_encodings` reads either encodings file back. The three files are written atomically
+        together. Needs the ``onnx`` extra (``pip install 'quanta[onnx]'``).
+
+        Returns ``{quantizer name: ONNX tensor name}`` (the first, for a quantizer called twice).
         """
         from quanta.export.encodings import EncodingsVersion
-        from quanta.export.onnx import export_onnx
-        from quanta.export.sim_encodings import export_encodings
+        from quanta.export.onnx import TORCH_DEFAULT_OPSET, export_onnx_model
+        from quanta.export.sim_encodings import export_encodings, export_torch_encodings, tensor_names
 
         if not isinstance(filename_prefix, str) or not filename_prefix or os.sep in filename_prefix:
             raise ValueError(f"filename_prefix must be a non-empty file name without '{os.sep}', "
@@ -454,21 +465,26 @@ class QuantizationSimModel:
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"export directory does not exist: {directory}")
         version = EncodingsVersion.parse(encoding_version)
-        # both files are written under temporary names first and renamed together at the end, so a failure
-        # in either leaves the previous pair as it was (never a new graph beside old encodings)
-        finals = [os.path.join(directory, f"{filename_prefix}.{ext}") for ext in ("onnx", "encodings")]
-        temps = [os.path.join(directory, f".{filename_prefix}.{ext}.quanta-partial") for ext in ("onnx", "encodings")]
+        exported = export_onnx_model(self, dummy_input, qdq=qdq, prequantize_weights=prequantize_weights,
+                                     opset=opset, min_opset=TORCH_DEFAULT_OPSET)
+        slot_of = {q: t for t, q in tensor_names(self).items()}
+        onnx_names = {slot_of[q]: ts for q, ts in exported.tensors.items() if q in slot_of}
+        # the files are written under temporary names first and renamed together at the end, so a failure
+        # in any leaves the previous set as it was (never a new graph beside old encodings)
+        files = [f"{filename_prefix}.onnx", f"{filename_prefix}.encodings", f"{filename_prefix}_torch.encodings"]
+        finals = [os.path.join(directory, f) for f in files]
+        temps = [os.path.join(directory, f".{f}.quanta-partial") for f in files]
         try:
-            names = export_onnx(self, temps[0], dummy_input, qdq=qdq, prequantize_weights=prequantize_weights,
-                                opset=opset)
-            export_encodings(self, temps[1], version, tensors=set(names.values()))
+            exported.save(temps[0])
+            export_encodings(self, temps[1], version, tensors=onnx_names)
+            export_torch_encodings(self, temps[2], EncodingsVersion.V1_0_0 if version.is_2x else version)
             for tmp, final in zip(temps, finals):
                 os.replace(tmp, final)
         finally:
             for tmp in temps:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-        return names
+        return exported.names()
 
     # ------------------------------------------------------------------ analysis
     def layer_sqnr(self, batches: Iterable[Any]) -> "LayerSQNRReport":

@@ -23,21 +23,28 @@ division ``x / s``, same rounding half to even, same clamping.
 >>> sim.compute_encodings([x], progress=False)
 >>> path = os.path.join(tempfile.mkdtemp(), "model.onnx")
 >>> names = export_onnx(sim, path, x)
->>> names
-{'0.param_quantizers.weight': '0.weight', '1.output_quantizers.0': '1.output.0',
- '2.output_quantizers.0': '2.output.0', '2.param_quantizers.weight': '2.weight'}
+>>> names["0.param_quantizers.weight"], names["1.output_quantizers.0"], names["2.output_quantizers.0"]
+('0.weight', '/1/Relu_output_0', '/2/Gemm_output_0')
 >>> import onnx
 >>> m = onnx.load(path)
->>> m.opset_import[0].version, [n.op_type for n in m.graph.node][:4]
-(13, ['QuantizeLinear', 'DequantizeLinear', 'Gemm', 'Relu'])
+>>> m.opset_import[0].version, [n.op_type for n in m.graph.node if n.op_type in ("Gemm", "Relu")]
+(13, ['Gemm', 'Relu', 'Gemm'])
 
-Naming (shared with :mod:`quanta.export.sim_encodings`): the float tensor an
-encoding applies to, the input of its ``QuantizeLinear``, is called
-``"<module>.input.<i>"`` / ``"<module>.output.<i>"``; a weight keeps its
-``state_dict`` name ``"<module>.<param>"`` (an initializer). Graph inputs keep
-the model's argument names, the graph output is ``"output"`` (``"output_<i>"``
-for several, the keys for a dict such as a Hugging Face ``ModelOutput``). So an
-encodings file keyed by these names matches the graph.
+Naming, as in AIMET's export: the float tensor an encoding applies to, the input of its
+``QuantizeLinear``, keeps the name ``torch.onnx`` gives it (``"/relu1/Relu_output_0"``: the op's module
+scope, op type and output index; a graph input's name); a weight keeps its ``state_dict`` name
+``"<module>.<param>"`` (an initializer). A captured model calls its modules from the top, so each gets
+its path as scope (:func:`~quanta.export.onnx.markers.scope_paths`): ``"/layers.0/query/Add_output_0"``,
+as when the original model runs. Where AIMET's names differ: a ``Sequential``'s own scope is not repeated
+(``"/features.0/Conv_output_0"``, AIMET ``"/features/features.0/Conv_output_0"``), and a functional op
+quanta turns into a module carries its name (``"/layers.0/softmax/Softmax_output_0"``, AIMET
+``"/layers.0/Softmax_output_0"``). A tensor that has no name of its own in the float graph gets
+quanta's tensor name ``"<module>.input.<i>"`` / ``"<module>.output.<i>"`` on an Identity: the second of two
+quantizers in a row (a producer's output quantizer, then a consumer's input one) or of two quantizers of
+one tensor. Graph inputs keep the model's argument names, the graph output is ``"output"``
+(``"output_<i>"`` for several, the keys for a dict such as a Hugging Face ``ModelOutput``); AIMET leaves
+those to the exporter (``"t.1"``, ``"25"``). So an encodings file keyed by these names matches the graph,
+and the names of tensors inside the model are the ones AIMET's export gives the same model.
 
 How: the sim is exported with every quantizer swapped for a marker (a custom
 op that carries the quantizer's name and computes the identity), by
@@ -55,9 +62,8 @@ each quantizer sees (per-axis and per-block layouts depend on it).
 Limits: static shapes (the dummy input's); float32 models; integer grids of at
 most 16 bits; float formats that ONNX has (float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz,
 float16, bfloat16); NaN inputs of integer quantizers give the runtime's code,
-not NaN; models up to the 2 GB protobuf limit. A quantizer applied twice (a
-module called twice) names its second tensor ``"<name>_1"``; one quantizer
-object in several slots is named after the first. Quantizers the forward pass
+not NaN; models up to the 2 GB protobuf limit. One quantizer object in several
+slots is named after the first. Quantizers the forward pass
 never calls, or whose outputs do not reach the model's outputs, are left out
 (a UserWarning names them).
 
@@ -74,6 +80,7 @@ import inspect
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -82,16 +89,50 @@ from torch import nn
 from quanta._files import atomic_write
 from quanta._inputs import split_dummy_input
 from quanta._text import shortlist as _shortlist
-from quanta.export.onnx.markers import export_with_markers, quantizer_slots, stubs_in
-from quanta.export.onnx.plan import DYNAMO_MIN_OPSET, MAX_OPSET, MIN_OPSET, choose_opset, plan_for_calls
+from quanta.export.onnx.markers import export_with_markers, quantizer_slots, scope_paths, stubs_in
+from quanta.export.onnx.plan import (
+    DYNAMO_MIN_OPSET,
+    MAX_OPSET,
+    MIN_OPSET,
+    TORCH_DEFAULT_OPSET,
+    choose_opset,
+    plan_for_calls,
+)
 from quanta.export.onnx.rewrite import finish, replace_markers
 from quanta.export.protocol import QuantizedModelLike
 from quanta.nn.base import eval_mode
 
-__all__ = ["export_onnx"]  # MIN_OPSET and MAX_OPSET (from .plan) are importable from here too
+__all__ = ["OnnxExport", "TORCH_DEFAULT_OPSET", "export_onnx", "export_onnx_model"]  # MIN/MAX_OPSET importable too
 
 
 # ---------------------------------------------------------------------- export
+@dataclass
+class OnnxExport:
+    """An exported graph and what it names.
+
+    Attributes:
+        proto: the ``onnx.ModelProto``.
+        tensors: ``{quantizer name: [ONNX tensor name, ...]}``, one tensor per call of the quantizer (a
+            module called twice is quantized twice), first call first.
+        inputs, outputs: the graph's input and output names.
+    """
+
+    proto: Any
+    tensors: dict[str, list[str]]
+    inputs: list[str]
+    outputs: list[str]
+
+    def names(self) -> dict[str, str]:
+        """``{quantizer name: the tensor of its first call}`` (what :func:`export_onnx` returns)."""
+        return {q: t[0] for q, t in self.tensors.items()}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :attr:`proto` to ``path`` atomically (a failed write leaves an existing file intact)."""
+        import onnx
+
+        atomic_write(path, lambda tmp: onnx.save_model(self.proto, tmp))
+
+
 def export_onnx(
     sim: QuantizedModelLike,
     path: str | os.PathLike,
@@ -103,6 +144,8 @@ def export_onnx(
     dynamo: bool = False,
 ) -> dict[str, str]:
     """Write ``sim`` as an ONNX model with QuantizeLinear/DequantizeLinear nodes; return quantizer → tensor names.
+
+    :func:`export_onnx_model` without the file, then saved.
 
     Args:
         sim: a :class:`~quanta.quantsim.QuantizationSimModel` (calibrated, for ``qdq=True``), or any
@@ -124,10 +167,11 @@ def export_onnx(
 
     Returns:
         ``{quantizer name (as in sim.named_quantizers()): ONNX tensor name}`` for every enabled
-        quantizer the forward pass uses: ``"conv1.output_quantizers.0": "conv1.output.0"``,
+        quantizer the forward pass uses: ``"relu1.output_quantizers.0": "/relu1/Relu_output_0"``,
         ``"conv1.param_quantizers.weight": "conv1.weight"``. The named tensor is the float
         input of the quantizer's QuantizeLinear (with ``prequantize_weights``, a weight's
-        name is its integer initializer).
+        name is its integer initializer); a quantizer called twice is named after its first call
+        (:func:`export_onnx_model` gives all).
 
     Raises:
         TypeError: ``sim``, ``path`` or ``dummy_input`` of the wrong type.
@@ -135,11 +179,43 @@ def export_onnx(
         NotImplementedError: a quantizer ONNX cannot express (named).
         ValueError: a bad ``opset``, or ``prequantize_weights`` without ``qdq``.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    exported = export_onnx_model(sim, dummy_input, qdq=qdq, prequantize_weights=prequantize_weights, opset=opset,
+                                 dynamo=dynamo, _stacklevel=3)
+    exported.save(path)
+    return exported.names()
+
+
+def export_onnx_model(
+    sim: QuantizedModelLike,
+    dummy_input: torch.Tensor | tuple[torch.Tensor, ...],
+    *,
+    qdq: bool = True,
+    prequantize_weights: bool = False,
+    opset: int | None = None,
+    dynamo: bool = False,
+    min_opset: int = MIN_OPSET,
+    _stacklevel: int = 2,
+) -> OnnxExport:
+    """The ONNX model :func:`export_onnx` writes, in memory, with every tensor each quantizer quantizes.
+
+    ``min_opset``: with ``opset=None``, the opset is the lowest at least ``min_opset`` that expresses every
+    quantizer (:meth:`~quanta.quantsim.QuantizationSimModel.export` asks for ``TORCH_DEFAULT_OPSET``, 20, as
+    AIMET's export uses: the opset decides how LayerNorm or GELU are written and so their tensor names).
+
+    >>> import torch
+    >>> from quanta.quantsim import QuantizationSimModel
+    >>> sim = QuantizationSimModel(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), torch.randn(2, 4))
+    >>> exported = export_onnx_model(sim, torch.randn(2, 4), qdq=False)
+    >>> exported.tensors["1.output_quantizers.0"], exported.tensors["0.param_quantizers.weight"]
+    (['/1/Relu_output_0'], ['0.weight'])
+    >>> exported.inputs, exported.outputs
+    (['input'], ['output'])
+    """
     if not isinstance(sim, QuantizedModelLike):
         raise TypeError("sim must be a quanta.quantsim.QuantizationSimModel (or another QuantizedModelLike: model, "
                         f"named_quantizers(), quantized_modules()), got {type(sim).__name__}")
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     args, keywords = split_dummy_input(dummy_input, sim.model.forward)
     for flag, value in (("qdq", qdq), ("prequantize_weights", prequantize_weights), ("dynamo", dynamo)):
         if not isinstance(value, bool):
@@ -170,7 +246,7 @@ def export_onnx(
         unused = [s.name for s in slots.values() if not s.stub.inputs]
         if unused:
             warnings.warn(f"export_onnx: the forward pass does not use quantizers {_shortlist(unused)}; "
-                          "they are not in the ONNX graph", UserWarning, stacklevel=2)
+                          "they are not in the ONNX graph", UserWarning, stacklevel=_stacklevel)
         missing = [s.name for s in used.values() if not s.quantizer.is_initialized()]
         if qdq and missing:
             raise RuntimeError(f"quantizers not initialised: {_shortlist(missing)}; run sim.compute_encodings() "
@@ -181,7 +257,7 @@ def export_onnx(
                 raise NotImplementedError(f"{s.name} quantizes a {sorted(map(str, dtypes))} tensor; only float32 "
                                           "models can be exported (call sim.model.float() first)")
         plans = {s.name: plan_for_calls(s.name, s.quantizer, s.stub.inputs) for s in used.values()} if qdq else {}
-        target = choose_opset(plans, opset, dynamo)
+        target = choose_opset(plans, opset, dynamo, min_opset)
         if keywords:  # the graph inputs are the dict's tensors, in the order of the forward's parameters
             input_names = [k for k, v in keywords.items() if isinstance(v, torch.Tensor)]
             args = tuple(keywords[k] for k in input_names)
@@ -190,22 +266,16 @@ def export_onnx(
         else:
             input_names, traced = _input_names(model, len(args)), model
         output_names = _output_names(result)
-        proto = export_with_markers(traced, args, used, target, input_names, output_names, dynamo)
+        proto = export_with_markers(traced, args, used, target, input_names, output_names, dynamo, scope_paths(model))
 
-    names = replace_markers(proto, used, plans, qdq=qdq, prequantize=prequantize_weights)
-    dropped = [s.name for s in used.values() if s.name not in names]
+    tensors = replace_markers(proto, used, plans, qdq=qdq, prequantize=prequantize_weights)
+    dropped = [s.name for s in used.values() if s.name not in tensors]
     if dropped:
         warnings.warn(f"export_onnx: the outputs of quantizers {_shortlist(dropped)} do not reach the model's "
-                      "outputs; the exporter removed them", UserWarning, stacklevel=2)
-    finish(proto, target, input_names, output_names)
-
-    def write(tmp: str) -> None:
-        import onnx
-
-        onnx.save_model(proto, tmp)
-
-    atomic_write(path, write)
-    return names
+                      "outputs; the exporter removed them", UserWarning, stacklevel=_stacklevel)
+    renamed = finish(proto, target, input_names, output_names)
+    tensors = {q: [renamed.get(t, t) for t in ts] for q, ts in tensors.items()}
+    return OnnxExport(proto, tensors, [i.name for i in proto.graph.input], [o.name for o in proto.graph.output])
 
 
 # ---------------------------------------------------------------------- graph inputs and outputs
@@ -219,7 +289,8 @@ class _Exported(nn.Module):
         self.model, self.names, self.fixed = model, names, fixed
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(_flat_tensors(self.model(**dict(zip(self.names, tensors)), **self.fixed)))
+        # .forward, not __call__: the model is the graph's root, no scope ("/model/...") of its own
+        return tuple(_flat_tensors(self.model.forward(**dict(zip(self.names, tensors)), **self.fixed)))
 
 
 def _input_names(model: nn.Module, n: int) -> list[str]:

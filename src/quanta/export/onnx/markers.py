@@ -11,11 +11,12 @@ A stub first records the shape and dtype of each tensor its quantizer sees, in o
 >>> from quanta.quantsim import QuantizationSimModel
 >>> sim = QuantizationSimModel(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4))
 >>> slots = quantizer_slots(sim)
->>> [(s.name, s.tensor) for s in slots.values()]
+>>> shown = [s for s in slots.values() if "input" not in s.name]  # (and the model input's, where quantized)
+>>> [(s.name, s.tensor) for s in shown]
 [('0.output_quantizers.0', '0.output.0'), ('0.param_quantizers.weight', '0.weight')]
 >>> with stubs_in(slots):
 ...     _ = sim.model(torch.randn(3, 4))
->>> [s.stub.inputs for s in slots.values()]
+>>> [s.stub.inputs for s in shown]
 [[((3, 4), torch.float32)], [((4, 4), torch.float32)]]
 """
 
@@ -37,7 +38,8 @@ from quanta.export.protocol import QuantizedModelLike
 from quanta.nn.base import QuantizationMixin
 from quanta.quantization.base import QuantizerBase
 
-__all__ = ["MARKER_DOMAIN", "MARKER_OP", "Slot", "Stub", "export_with_markers", "quantizer_slots", "stubs_in"]
+__all__ = ["MARKER_DOMAIN", "MARKER_OP", "Slot", "Stub", "export_with_markers", "quantizer_slots", "scope_paths",
+           "stubs_in"]
 
 _TORCHSCRIPT_MAX_OPSET = 20  # the TorchScript exporter stops here; higher opsets go through onnx's version converter
 
@@ -186,15 +188,80 @@ def _quiet() -> Iterator[None]:
                 lg.setLevel(level)
 
 
+def scope_paths(model: nn.Module) -> dict[nn.Module, str]:
+    """The scope names ``torch.onnx`` (TorchScript) should give the modules a captured graph calls: their path,
+    each numbered child joined to its container (``"layers.0.query"`` → ``"layers.0/query"``), so a tensor is
+    named ``"/layers.0/query/Add_output_0"`` as when the original model calls ``layers.0`` and it calls its
+    ``query`` (a ``ModuleList`` has no scope of its own; a ``Sequential`` has, in the original model:
+    ``"/features/features.0/Conv_output_0"``, here ``"/features.0/Conv_output_0"``). Empty for a model that is
+    not an ``fx.GraphModule``: its modules call each other, and the exporter's own scopes are the path.
+
+    >>> from torch import fx
+    >>> class Block(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.layers = nn.ModuleList([nn.Linear(2, 2)])
+    ...     def forward(self, x):
+    ...         return self.layers[0](x)
+    >>> list(scope_paths(fx.symbolic_trace(Block())).values())
+    ['layers.0']
+    """
+    from torch import fx
+
+    if not isinstance(model, fx.GraphModule):
+        return {}
+    out: dict[nn.Module, str] = {}
+    for node in model.graph.nodes:
+        if node.op == "call_module":
+            parts: list[str] = []
+            for atom in str(node.target).split("."):
+                if atom.isdecimal() and parts:
+                    parts[-1] = f"{parts[-1]}.{atom}"
+                else:
+                    parts.append(atom)
+            out[model.get_submodule(node.target)] = "/".join(parts)
+    return out
+
+
+@contextlib.contextmanager
+def _scopes(paths: dict[nn.Module, str]) -> Iterator[None]:
+    """Give the modules of ``paths`` those scope names in the TorchScript exporter's module map (torch's own
+    names otherwise, and unchanged if this torch's exporter has no such map)."""
+    try:
+        from torch.onnx._internal.torchscript_exporter import utils as ts_utils
+
+        original = ts_utils._setup_trace_module_map
+        create = torch._C._jit_onnx_create_full_scope_name
+    except (ImportError, AttributeError):  # pragma: no cover - another torch: the exporter's own names
+        yield
+        return
+
+    def setup(model: Any, export_modules_as_functions: Any) -> Any:
+        result = original(model, export_modules_as_functions)
+        table = torch.jit._trace._trace_module_map
+        if isinstance(table, dict):
+            for module, path in paths.items():
+                if module in table:
+                    table[module] = create(torch.typename(type(module)), path)
+        return result
+
+    ts_utils._setup_trace_module_map = setup
+    try:
+        yield
+    finally:
+        ts_utils._setup_trace_module_map = original
+
+
 def export_with_markers(model: nn.Module, args: tuple[torch.Tensor, ...], used: dict[int, Slot], target: int,
-                        input_names: list[str], output_names: list[str], dynamo: bool) -> Any:
+                        input_names: list[str], output_names: list[str], dynamo: bool,
+                        scopes: dict[nn.Module, str] | None = None) -> Any:
     """``torch.onnx.export`` of ``model(*args)`` with the stubs of ``used`` emitting markers, as an opset-``target``
-    ``onnx.ModelProto`` (converted up when the exporter stops below it)."""
+    ``onnx.ModelProto`` (converted up when the exporter stops below it); ``scopes``: see :func:`scope_paths`."""
     import onnx
 
     for s in used.values():
         s.stub.mode = "dynamo" if dynamo else "torchscript"
-    with _quiet():
+    with _quiet(), _scopes(scopes or {}):
         if dynamo:
             _, table = _dynamo_marker()
             program = torch.onnx.export(model, args, dynamo=True, opset_version=target, input_names=input_names,

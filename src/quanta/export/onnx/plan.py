@@ -27,11 +27,14 @@ from quanta.quantization.affine.quantizer import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
 from quanta.quantization.float import FloatQuantizeDequantize
 
-__all__ = ["DYNAMO_MIN_OPSET", "MAX_OPSET", "MIN_OPSET", "Granularity", "Plan", "choose_opset", "granularity",
+__all__ = ["DYNAMO_MIN_OPSET", "MAX_OPSET", "MIN_OPSET", "TORCH_DEFAULT_OPSET", "Granularity", "Plan", "choose_opset", "granularity",
            "int_codes", "kernel_blocks", "plan_for_calls", "quantizer_plan"]
 
 #: Lowest opset written: per-axis QuantizeLinear/DequantizeLinear need 13.
 MIN_OPSET = 13
+#: the opset ``torch.onnx.export`` uses by default, and so AIMET's export (it decides how LayerNorm, GELU, ... are
+#: written, and so the names of their outputs)
+TORCH_DEFAULT_OPSET = 20
 #: Highest opset accepted (what torch.onnx targets; onnxruntime 1.32 runs it).
 MAX_OPSET = 23
 DYNAMO_MIN_OPSET = 18  # the torch.export-based exporter's lowest opset
@@ -174,9 +177,10 @@ def kernel_blocks(plan: Plan) -> tuple[int, ...] | None:
     return None if layout.is_broadcast else layout.block_size
 
 
-def choose_opset(plans: dict[str, Plan], opset: int | None, dynamo: bool) -> int:
-    """``opset``, checked against what each plan needs; None: the lowest that expresses every plan."""
-    floor = DYNAMO_MIN_OPSET if dynamo else MIN_OPSET
+def choose_opset(plans: dict[str, Plan], opset: int | None, dynamo: bool, floor: int = MIN_OPSET) -> int:
+    """``opset``, checked against what each plan needs; None: the lowest (at least ``floor``) that expresses
+    every plan."""
+    floor = max(floor, DYNAMO_MIN_OPSET if dynamo else MIN_OPSET)
     if opset is None:
         return max([floor, *(p.opset for p in plans.values())])
     too_high = [p for p in plans.values() if p.opset > opset]

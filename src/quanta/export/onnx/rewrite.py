@@ -2,10 +2,13 @@
 float graph), the quantized tensors named, then the graph's inputs and outputs named, dead nodes and
 initializers dropped and the opset set.
 
-Naming (shared with :mod:`quanta.export.sim_encodings`): the float tensor an encoding applies to, the input of
-its ``QuantizeLinear``, is called ``"<module>.input.<i>"`` / ``"<module>.output.<i>"``; a weight keeps its
-``state_dict`` name ``"<module>.<param>"`` (an initializer). Exporter names that clash with these are renamed
-(``"<name>__export"``); a quantizer applied twice names its second tensor ``"<name>_1"``.
+Naming: the float tensor an encoding applies to, the input of its ``QuantizeLinear``, keeps the name
+``torch.onnx`` gave it (``"/relu1/Relu_output_0"``, a graph input's name), as in AIMET's export; a weight
+keeps its ``state_dict`` name ``"<module>.<param>"`` (an initializer; an exporter name that clashes with it
+is renamed ``"<name>__export"``). A tensor with no name of its own gets quanta's tensor name
+(``"<module>.input.<i>"`` / ``"<module>.output.<i>"``, ``"_<k>"`` appended if taken) on an Identity: the
+second of two quantizers in a row (a producer's output quantizer, then a consumer's input quantizer), the
+second quantizer of one tensor, the output of a quantized weight.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ def _rename_everywhere(graph: Any, mapping: dict[str, str]) -> None:
 
 
 def replace_markers(proto: Any, used: dict[int, Slot], plans: dict[str, Plan], *, qdq: bool, prequantize: bool
-             ) -> dict[str, str]:
-    """Replace each marker by its quantization nodes (or by nothing, ``qdq=False``) and name the tensors."""
+                    ) -> dict[str, list[str]]:
+    """Replace each marker by its quantization nodes (or by nothing, ``qdq=False``) and name the tensors;
+    returns ``{quantizer name: [tensor, ...]}``, one tensor per call of the quantizer, in graph order."""
     from onnx import helper
 
     graph = proto.graph
@@ -62,22 +66,21 @@ def replace_markers(proto: Any, used: dict[int, Slot], plans: dict[str, Plan], *
     if unknown:  # pragma: no cover - every marker comes from a stub
         raise RuntimeError(f"internal error: markers for unknown quantizers {unknown}")
 
-    # Names we introduce must not exist yet: move clashing exporter names out of the way.
-    wanted = {s.tensor for s in used.values()}
+    # Weight names are used as they are: move clashing exporter names out of the way.
+    wanted = {s.tensor for s in used.values() if s.param is not None}
     existing = _all_names(graph)
     clashes = {}
     reserve = Names(existing | wanted)
     io_names = {i.name for i in graph.input} | {o.name for o in graph.output}
     for name in sorted(existing & wanted):
         if name in io_names:
-            raise ValueError(f"the model's input or output {name!r} has the name export_onnx gives a quantized "
-                             "tensor; rename the forward argument")
+            raise ValueError(f"the model's input or output {name!r} has the name of the weight {name!r}; rename "
+                             "the forward argument")
         clashes[name] = reserve.fresh(f"{name}__export")
     _rename_everywhere(graph, clashes)
-    names = Names(_all_names(graph) | wanted)  # the wanted names are used as they are, never made up
-    graph_inputs = {i.name for i in graph.input}
+    names = Names(_all_names(graph) | wanted)
     graph_outputs = {o.name for o in graph.output}
-    initializers = {i.name for i in graph.initializer}
+    from_marker = {n.output[0] for n in markers}  # a marker's input among these: quantizers in a row
 
     alias: dict[str, str] = {}
 
@@ -92,7 +95,7 @@ def replace_markers(proto: Any, used: dict[int, Slot], plans: dict[str, Plan], *
 
     targets: set[str] = set()
     weights_done: dict[str, str] = {}  # weight name -> tensor that feeds the consumers
-    result: dict[str, str] = {}
+    result: dict[str, list[str]] = {}
     new_nodes: list[Any] = []
     new_inits: list[Any] = []
 
@@ -110,7 +113,7 @@ def replace_markers(proto: Any, used: dict[int, Slot], plans: dict[str, Plan], *
                 new_nodes += nodes
                 new_inits += inits
                 weights_done[weight] = out
-                result.setdefault(slot.name, weight)
+                result.setdefault(slot.name, []).append(weight)
             source = weights_done[weight]
             if y in graph_outputs:
                 new_nodes.append(helper.make_node("Identity", [source], [y], name=names.fresh(f"{weight}/Identity")))
@@ -119,15 +122,14 @@ def replace_markers(proto: Any, used: dict[int, Slot], plans: dict[str, Plan], *
             continue
 
         current = resolve(x)
-        target = slot.tensor if slot.tensor not in targets else names.fresh(slot.tensor)  # a second call: "_1"
-        targets.add(target)
-        result.setdefault(slot.name, target)
-        if current in graph_inputs or current in graph_outputs or current in initializers or current in targets \
-                or current in weights_done.values():
-            new_nodes.append(helper.make_node("Identity", [current], [target],
-                                              name=names.fresh(f"{target}/Identity")))
+        if x in from_marker or x in targets or current in weights_done.values():
+            # no float tensor of its own (it is another quantizer's output): quanta's name, on an Identity
+            target = names.fresh(slot.tensor)
+            new_nodes.append(helper.make_node("Identity", [current], [target], name=names.fresh(f"{target}/Identity")))
         else:
-            alias[current] = target
+            target = current  # the name torch.onnx gave it
+        targets.add(target)
+        result.setdefault(slot.name, []).append(target)
         if not qdq:
             if y in graph_outputs:
                 new_nodes.append(helper.make_node("Identity", [target], [y], name=names.fresh(f"{target}/Identity")))
@@ -182,8 +184,9 @@ def _format_of(q: QuantizerBase) -> Any:
     return q.format  # type: ignore[attr-defined]
 
 
-def finish(proto: Any, opset: int, input_names: list[str], output_names: list[str]) -> None:
-    """Graph I/O names, dead nodes and initializers, opset imports and IR version."""
+def finish(proto: Any, opset: int, input_names: list[str], output_names: list[str]) -> dict[str, str]:
+    """Graph I/O names, dead nodes and initializers, opset imports and IR version; returns the renames
+    ``{old: new}`` it made (graph inputs and outputs that did not have their names yet)."""
     from onnx import AttributeProto, helper
 
     graph = proto.graph
@@ -194,11 +197,13 @@ def finish(proto: Any, opset: int, input_names: list[str], output_names: list[st
     if len(graph.output) == len(output_names):
         mapping.update((v.name, want) for v, want in zip(graph.output, output_names))
     mapping = {k: v for k, v in mapping.items() if k != v}
+    renamed: dict[str, str] = {}
     if mapping:
         taken = _all_names(graph) - set(mapping)
         clash = {n: f"{n}__export" for n in taken if n in mapping.values()}
         _rename_everywhere(graph, clash)
         _rename_everywhere(graph, mapping)
+        renamed = {**clash, **mapping}
 
     # The TorchScript exporter shares equal-valued parameters (Identity of one initializer): give each its own.
     inits_by_name = {i.name: i for i in graph.initializer}
@@ -250,3 +255,4 @@ def finish(proto: Any, opset: int, input_names: list[str], output_names: list[st
     del proto.opset_import[:]
     proto.opset_import.extend([helper.make_opsetid("", opset), *imports])
     proto.ir_version = max(proto.ir_version, helper.find_min_ir_version_for(list(proto.opset_import)))
+    return renamed
