@@ -53,8 +53,11 @@ def test_bert_is_captured_whole_with_keyword_inputs():
     assert sim.float_ops == [] and sim.unquantized_modules == []
     names = {n for n, _ in sim.named_quantizers()}
     layer = "encoder.layer.0.attention.self"
-    for op in ("query", "key", "value", "matmul", "mul", "softmax", "matmul_1"):  # the expanded SDPA
+    for op in ("query", "key", "value", "matmul", "softmax", "matmul_1"):  # the expanded SDPA
         assert f"{layer}.{op}.output_quantizers.0" in names, op
+    # its scaling of the scores by a constant: the scores rescaled, not requantized (AIMET's rule)
+    assert isinstance(sim.model.get_submodule(f"{layer}.mul"), quanta.nn.QuantizedMultiply)
+    assert f"{layer}.mul.output_quantizers.0" not in names
     assert "encoder.layer.0.intermediate.intermediate_act_fn.output_quantizers.0" in names  # GELUActivation
     assert isinstance(sim.model.get_submodule("encoder.layer.0.intermediate.intermediate_act_fn"),
                       quanta.nn.QuantizedGELU)
@@ -392,9 +395,9 @@ def test_gemma_norm_quick_gelu_weight_norm_and_slicing_modules_are_captured():
     x = torch.randn(3, 5, 8)
     with sim.quantizers_disabled(), torch.no_grad():
         torch.testing.assert_close(sim.model(x), model(x), rtol=0, atol=0)
-    sim.compute_encodings([torch.randn(3, 5, 8) for _ in range(2)], progress=False)
-    with torch.no_grad():
-        assert _sqnr(model(x), sim.model(x)) > 25  # 7 quantizers on 8 channels
+    sim.compute_encodings([x, *(torch.randn(3, 5, 8) for _ in range(2))], progress=False)  # x too: the model
+    with torch.no_grad():                                                                  # input is quantized
+        assert _sqnr(model(x), sim.model(x)) > 25  # 8 quantizers on 8 channels
     float_conv = conv.to_float_module()  # weight norm kept: the same parametrization, the same values
     assert nn.utils.parametrize.is_parametrized(float_conv, "weight")
     torch.testing.assert_close(float_conv.weight, model.conv.weight)

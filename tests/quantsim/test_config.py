@@ -79,13 +79,16 @@ def test_builtin_default_conv():
     assert cfg.input_spec("conv", CONV, 0).enabled is False
 
 
-def test_builtin_default_model_input_not_quantized():
-    assert QuantSimConfig.load().input_spec("conv", CONV, 0, is_model_input=True).enabled is False
+def test_builtin_default_model_input_quantized():  # as AIMET's default_config.json
+    assert QuantSimConfig.load().input_spec("conv", CONV, 0, is_model_input=True).enabled is True
 
 
-def test_builtin_default_batchnorm_params_off():
+def test_builtin_default_batchnorm_weight_per_tensor():
+    # as AIMET's default: a BatchNorm's weight is quantized per tensor, its bias not; one that follows a
+    # convolution folds into it (placement turns its parameters off, see test_placement)
     cfg = QuantSimConfig.load()
-    assert cfg.param_spec("bn", BN, "weight").enabled is False
+    w = cfg.param_spec("bn", BN, "weight")
+    assert (w.enabled, w.per_channel, w.symmetric) == (True, False, True)
     assert cfg.param_spec("bn", BN, "bias").enabled is False
     assert cfg.output_spec("bn", BN, 0).enabled is True
 
@@ -98,12 +101,12 @@ def test_builtin_default_norm_weight_per_tensor(op_types):
     assert cfg.param_spec("norm", op_types, "bias").enabled is False
 
 
-def test_builtin_default_supergroups():
+def test_builtin_default_supergroups():  # AIMET's default_config.json's, and Gemm -> Add
     assert QuantSimConfig.load().supergroups == (
-        ("Conv", "Relu"), ("ConvTranspose", "Relu"), ("Gemm", "Relu"),
-        ("Conv", "BatchNormalization"), ("Conv", "BatchNormalization", "Relu"),
-        ("Conv", "Clip"), ("Conv", "BatchNormalization", "Clip"), ("Add", "Relu"), ("Gemm", "Add"),
+        ("Conv", "Relu"), ("ConvTranspose", "Relu"), ("Conv", "Clip"), ("Add", "Relu"), ("Gemm", "Relu"),
+        ("Gemm", "Add"),
     )
+    assert QuantSimConfig.load().supergroup_passes == ("MatmulAdd",)
 
 
 def test_builtin_default_matches_quanta_nn_defaults():
@@ -115,8 +118,6 @@ def test_builtin_default_matches_quanta_nn_defaults():
     assert conv.param_quantizers["weight"].shape == (8, 1, 1, 1)  # per channel
     assert (conv.input_quantizers[0] is not None) == cfg.input_spec("c", CONV, 0).enabled
     assert conv.output_quantizers[0].symmetric == cfg.output_spec("c", CONV, 0).symmetric
-    bn = quanta.nn.QuantizedBatchNorm2d(4)
-    assert bn.param_quantizers["weight"] is None and not cfg.param_spec("bn", BN, "weight").enabled
 
 
 def test_load_none_is_builtin_and_config_returns_itself():
@@ -128,21 +129,24 @@ def test_load_none_is_builtin_and_config_returns_itself():
 
 # -- a user config starts from the base, not from the built-in default --------------------------------
 def test_empty_user_config_is_the_base():
+    # AIMET's base: a file says what it quantizes; nothing it leaves out is quantized, nothing is symmetric
     cfg = QuantSimConfig.load({})
     w = cfg.param_spec("conv", CONV, "weight")
-    assert (w.enabled, w.symmetric, w.per_channel) == (True, True, False)  # per tensor
-    assert cfg.param_spec("conv", CONV, "bias").enabled is True  # no built-in params.bias entry
-    assert cfg.param_spec("bn", BN, "weight").enabled is True  # no built-in BatchNormalization entry
+    assert (w.enabled, w.symmetric, w.per_channel) == (False, False, False)
+    assert cfg.param_spec("conv", CONV, "bias").enabled is False
     out = cfg.output_spec("conv", CONV, 0)
-    assert (out.enabled, out.symmetric, out.bitwidth, out.dtype) == (True, False, None, None)
+    assert (out.enabled, out.symmetric, out.bitwidth, out.dtype) == (False, False, None, None)
     assert cfg.input_spec("conv", CONV, 0).enabled is False
-    assert cfg.supergroups == ()
+    assert cfg.supergroups == () and cfg.supergroup_passes == ()
 
 
 def test_user_config_fields_missing_take_base_values():
-    cfg = load(defaults={"params": {"is_symmetric": False}})
+    # AIMET's dsp_quantsim_config.json: params quantized without is_symmetric are asymmetric
+    cfg = load(defaults={"ops": {"is_output_quantized": True}, "params": {"is_quantized": True}})
     w = cfg.param_spec("conv", CONV, "weight")
     assert (w.enabled, w.symmetric, w.strict_symmetric, w.unsigned_symmetric) == (True, False, False, False)
+    assert cfg.param_spec("bn", BN, "weight").enabled is True  # no built-in BatchNormalization entry
+    assert cfg.output_spec("conv", CONV, 0).enabled is True and cfg.input_spec("conv", CONV, 0).enabled is False
 
 
 # -- each precedence level -------------------------------------------------------------------------
@@ -188,7 +192,7 @@ def test_op_type_overrides_defaults_for_activations():
 
 
 def test_op_type_matches_any_of_the_op_types():
-    cfg = load(op_type={"Gemm": {"is_output_quantized": False}})
+    cfg = load(defaults={"ops": {"is_output_quantized": True}}, op_type={"Gemm": {"is_output_quantized": False}})
     assert cfg.output_spec("fc", GEMM, 0).enabled is False
     assert cfg.output_spec("fc", ["Linear"], 0).enabled is True  # no "Gemm" among them
     assert cfg.output_spec("fc", (), 0).enabled is True
@@ -225,7 +229,8 @@ def test_module_name_params_override_module_name_op_level():
 
 
 def test_module_name_glob_and_exact():
-    cfg = load(module_name={"encoder.layers.*.attn": {"is_output_quantized": False}, "head": {"bitwidth": 4}})
+    cfg = load(defaults={"ops": {"is_output_quantized": True}},
+               module_name={"encoder.layers.*.attn": {"is_output_quantized": False}, "head": {"bitwidth": 4}})
     assert cfg.output_spec("encoder.layers.0.attn", GEMM, 0).enabled is False
     assert cfg.output_spec("encoder.layers.11.attn", GEMM, 0).enabled is False
     assert cfg.output_spec("encoder.layers.0.ffn", GEMM, 0).enabled is True
@@ -266,13 +271,13 @@ def test_model_output_on_and_off():
     on = load(defaults={"ops": {"is_output_quantized": False}}, model_output={"is_output_quantized": True})
     assert on.output_spec("head", GEMM, 0, is_model_output=True).enabled is True
     assert on.output_spec("head", GEMM, 0).enabled is False
-    off = load(model_output={"is_output_quantized": False})
+    off = load(defaults={"ops": {"is_output_quantized": True}}, model_output={"is_output_quantized": False})
     assert off.output_spec("head", GEMM, 0, is_model_output=True).enabled is False
     assert off.output_spec("head", GEMM, 0).enabled is True
 
 
 def test_empty_model_input_output_change_nothing():
-    cfg = load(model_input={}, model_output={})
+    cfg = load(defaults={"ops": {"is_output_quantized": True}}, model_input={}, model_output={})
     assert cfg.input_spec("x", CONV, 0, is_model_input=True).enabled is False
     assert cfg.output_spec("x", CONV, 0, is_model_output=True).enabled is True
 
@@ -357,6 +362,13 @@ def test_encoding_constraints():
     assert cfg.encoding_constraints("attn.sm", ("Softmax",)) == (0.0, 1.0)
     assert cfg.encoding_constraints("special.sm", ("Softmax",)) == (-1.0, 1.0)
     assert cfg.encoding_constraints("fc", GEMM) is None
+    # an end left out (or null) is calibrated as usual (AIMET's HTP files: "Relu": {"min": 0.0})
+    half = load(op_type={"Relu": {"encoding_constraints": {"min": 0.0}}, "Elu": {"encoding_constraints": {"max": None,
+                                                                                                          "min": -1}}})
+    assert half.encoding_constraints("r", ("ReLU", "Relu")) == (0.0, None)
+    assert half.encoding_constraints("e", ("ELU", "Elu")) == (-1.0, None)
+    assert half.to_dict()["op_type"]["Relu"]["encoding_constraints"] == {"min": 0.0}
+    assert QuantSimConfig.load(half.to_dict()) == half
 
 
 # -- AIMET's booleans and files ----------------------------------------------------------------------
@@ -545,7 +557,8 @@ def test_to_dict_is_normalised():
                                     "bitwidth": 8, "dtype": "int"}
     assert d["defaults"]["per_channel_quantization"] is True
     assert d["op_type"]["Softmax"]["encoding_constraints"] == {"min": 0.0, "max": 1.0}
-    assert list(d) == ["defaults", "params", "op_type", "module_name", "supergroups", "model_input", "model_output"]
+    assert list(d) == ["defaults", "params", "op_type", "module_name", "supergroups", "supergroup_pass_list",
+                       "model_input", "model_output"]
     assert QuantSimConfig.load({}).to_dict()["model_input"] == {}
 
 
@@ -632,7 +645,8 @@ def test_error_boolean_in_defaults():
 
 def test_error_unknown_top_level_key():
     msg = raises("config: unknown key 'op_types' (did you mean 'op_type'?)", {"op_types": {}})
-    assert "allowed keys: defaults, model_input, model_output, module_name, op_type, params, supergroups" in msg
+    assert ("allowed keys: defaults, model_input, model_output, module_name, op_type, params, supergroup_pass_list, "
+            "supergroups") in msg
 
 
 def test_error_unknown_op_key_typo():
@@ -652,7 +666,8 @@ def test_error_params_not_allowed_in_defaults_ops():
 def test_error_unknown_param_key():
     msg = raises("config['op_type']['Conv']['params']['weight']: unknown key 'is_output_quantized'",
                  {"op_type": {"Conv": {"params": {"weight": {"is_output_quantized": True}}}}})
-    assert "allowed keys: bitwidth, block_size, dtype, is_quantized, is_symmetric, per_channel_quantization" in msg
+    assert ("allowed keys: bitwidth, block_grouping, block_size, decompressed_bw, dtype, is_quantized, is_symmetric, "
+            "per_channel_quantization") in msg
 
 
 def test_error_block_size_not_an_op_level_key():
@@ -761,9 +776,11 @@ def test_error_encoding_constraints_order():
            {"op_type": {"Softmax": {"encoding_constraints": {"min": 1, "max": 0}}}})
 
 
-def test_error_encoding_constraints_missing_bound():
-    raises("config['op_type']['Softmax']['encoding_constraints']['max']: expected a finite number, got None",
-           {"op_type": {"Softmax": {"encoding_constraints": {"min": 0}}}})
+def test_error_encoding_constraints_without_bounds():
+    raises("config['op_type']['Softmax']['encoding_constraints']: expected 'min' and/or 'max' as a number",
+           {"op_type": {"Softmax": {"encoding_constraints": {"min": None}}}})
+    raises("config['op_type']['Relu']['encoding_constraints']['max']: expected a finite number or null",
+           {"op_type": {"Relu": {"encoding_constraints": {"min": 0, "max": "inf"}}}})
 
 
 def test_error_supported_kernels_empty():

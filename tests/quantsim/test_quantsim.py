@@ -214,7 +214,7 @@ def test_default_data_type_forms(value, expected):
 
 def test_rounding_mode_nearest_is_accepted():
     sim = sim_of(mlp(), randn(2, 8), rounding_mode="nearest")
-    assert sum(1 for _ in sim.named_quantizers()) == 4
+    assert sum(1 for _ in sim.named_quantizers()) == 5  # the model input, two weights, ReLU and model outputs
 
 
 def test_not_in_place_leaves_the_original_untouched_through_qat():
@@ -287,6 +287,7 @@ A16 = ((), 0, 65535, False)
 def test_default_layout_small_cnn():
     sim = sim_of(SmallCNN(), randn(2, 3, 16, 16))
     assert _layout(sim) == {
+        "conv1.input_quantizers.0": A8,  # the model input
         # Conv -> BN -> ReLU supergroups: only the ReLU output; F.relu became module "relu"
         "conv1.param_quantizers.weight": ((16, 1, 1, 1), *W8),
         "relu1.output_quantizers.0": A8,
@@ -299,7 +300,7 @@ def test_default_layout_small_cnn():
         "fc.param_quantizers.weight": ((10, 1), *W8),
     }
     for name, m in sim.quantized_modules():
-        assert all(q is None for q in m.input_quantizers), name
+        assert all(q is None for q in m.input_quantizers) or name == "conv1", name
         if "bias" in m.param_quantizers:
             assert m.param_quantizers["bias"] is None, name
     for bn in ("bn1", "bn2"):
@@ -319,10 +320,11 @@ def test_default_layout_transformer_block():
         out = sub(sim, name).out_features
         assert layout[f"{name}.param_quantizers.weight"] == ((out, 1), *W8)
     for name in ("ln1", "ln2"):
-        assert layout[f"{name}.param_quantizers.weight"] == ((), *W8)  # norm weight per tensor
+        assert layout[f"{name}.param_quantizers.weight"] == A8  # norm weight per tensor, asymmetric below 16 bits
         assert sub(sim, name).param_quantizers["bias"] is None
-    for name in ("qkv", "matmul", "div", "softmax", "matmul_1", "fc1", "act"):
+    for name in ("qkv", "matmul", "softmax", "matmul_1", "fc1", "act"):
         assert layout[f"{name}.output_quantizers.0"] == A8, name  # no supergroup here
+    assert sub(sim, "div").output_quantizers[0] is None  # a quantized tensor divided by a constant: rescaled
     for name in ("ln1", "ln2"):
         assert layout[f"{name}.output_quantizers.0"] == A16, name  # norms at 16 bits
     for name in ("add", "add_1"):  # the residual stream stays in float
@@ -331,14 +333,14 @@ def test_default_layout_transformer_block():
         assert sub(sim, name).output_quantizers[0] is None, name
     assert isinstance(sub(sim, "matmul"), quanta.nn.QuantizedMatMul)
     assert isinstance(sub(sim, "softmax"), quanta.nn.QuantizedSoftmax)
-    assert sub(sim, "ln1").input_quantizers[0] is None  # model inputs are not quantized by default
-    assert all(q is None for q in sub(sim, "add").input_quantizers)
+    assert layout["ln1.input_quantizers.0"] == A16  # the model input, where each op reads it (at the op's bitwidth)
+    assert all(q is None for q in sub(sim, "add").input_quantizers)  # ... but the float add reads it in float
 
 
 def test_integer_only_quantizes_the_residual_adds_too():
     sim = sim_of(TransformerBlock(), randn(2, 4, 32), config_file=quanta.quantsim.INTEGER_ONLY)
     layout = _layout(sim)
-    for name in ("qkv", "matmul", "div", "softmax", "matmul_1", "proj", "add", "fc1", "act", "fc2", "add_1"):
+    for name in ("qkv", "matmul", "softmax", "matmul_1", "proj", "add", "fc1", "act", "fc2", "add_1"):
         assert layout[f"{name}.output_quantizers.0"] == A8, name
     for name in ("ln1", "ln2"):
         assert layout[f"{name}.output_quantizers.0"] == A16, name
@@ -573,7 +575,8 @@ def test_block_size_for_linear():
             scale = q0.get_scale()[r, blk].detach()
             ref = quantize_dequantize(part, scale, torch.tensor(0.0), qmin=-128, qmax=127)
             assert torch.equal(wq[r, 4 * blk:4 * blk + 4], ref)
-    assert torch.equal(no_grad_forward(sub(sim, "0"), x), F.linear(x, wq, sub(sim, "0").bias.detach()))
+    xq = qd(x, sub(sim, "0").input_quantizers[0])  # the model input
+    assert torch.equal(no_grad_forward(sub(sim, "0"), x), F.linear(xq, wq, sub(sim, "0").bias.detach()))
 
 
 def test_block_size_that_does_not_divide_names_the_layer():
@@ -603,7 +606,7 @@ def test_float_dtype_on_parameter_free_model(bw, dtype):
     assert isinstance(q, FloatQuantizeDequantize) and q.format.torch_dtype is dtype
     assert isinstance(sub(sim, "0").output_quantizers[0], QuantizeDequantize)
     y = no_grad_forward(sim.model, x)
-    h = qd(torch.tanh(x), sub(sim, "0").output_quantizers[0])
+    h = qd(torch.tanh(qd(x, sub(sim, "0").input_quantizers[0])), sub(sim, "0").output_quantizers[0])
     scale = q.get_scale()
     assert torch.equal(y, (torch.sigmoid(h) / scale).to(dtype).float() * scale)
 
@@ -624,7 +627,9 @@ def test_float_dtype_on_model_with_parameters():
     assert torch.allclose(w0.get_scale().squeeze(1), model[0].weight.detach().abs().amax(1) / 448)
     s0 = w0.get_scale()
     wq = (model[0].weight.detach() / s0).to(torch.float8_e4m3fn).float() * s0
-    assert torch.equal(no_grad_forward(sub(sim, "0"), x), F.linear(x, wq, model[0].bias.detach()))
+    with torch.no_grad():
+        xq = sub(sim, "0").input_quantizers[0](x).as_subclass(torch.Tensor)  # the model input, float16
+    assert torch.equal(no_grad_forward(sub(sim, "0"), x), F.linear(xq, wq, model[0].bias.detach()))
 
 
 def test_float_bitwidth_other_than_8_or_16_is_rejected():
@@ -750,10 +755,11 @@ def test_three_callback_forms_give_identical_encodings():
     sims[2].compute_encodings(BATCHES, progress=False)
     assert_same_encodings(sims[0], sims[1])
     assert_same_encodings(sims[0], sims[2])
-    # and the statistics span every batch: the output range covers the largest batch
-    q = sub(sims[0], "1").output_quantizers[0]
-    assert float(q.max) == pytest.approx(float(F.relu(no_grad_forward(sub(sims[0], "0"), BATCHES[2])).max()),
-                                         rel=1e-6)
+    # and the statistics span every batch: the output range covers the largest batch (calibration runs the
+    # activations in float, the weights quantized)
+    q, l0 = sub(sims[0], "1").output_quantizers[0], sub(sims[0], "0")
+    h = F.linear(BATCHES[2], qd(l0.weight, l0.param_quantizers["weight"]), l0.bias.detach())
+    assert float(q.max) == pytest.approx(float(F.relu(h).max()), rel=1e-6)
 
 
 def test_tuple_batches_for_two_inputs():
@@ -962,7 +968,8 @@ def test_w8a8_forward_matches_functional_reference():
     xt = randn(32, 8, seed=5) * 2  # beyond the calibrated range: clamping is exercised too
     l0, r1, l2 = sub(sim, "0"), sub(sim, "1"), sub(sim, "2")
     with torch.no_grad():
-        h = F.relu(F.linear(xt, qd(model[0].weight, l0.param_quantizers["weight"]), model[0].bias))
+        h = F.relu(F.linear(qd(xt, l0.input_quantizers[0]), qd(model[0].weight, l0.param_quantizers["weight"]),
+                            model[0].bias))
         h = qd(h, r1.output_quantizers[0])
         y = qd(F.linear(h, qd(model[2].weight, l2.param_quantizers["weight"]), model[2].bias), l2.output_quantizers[0])
         out = sim.model(xt)
@@ -976,7 +983,8 @@ def test_w8a8_forward_matches_functional_reference():
 def test_named_quantizers():
     sim = sim_of(mlp(), randn(2, 8))
     assert [n for n, _ in sim.named_quantizers()] == [
-        "0.param_quantizers.weight", "1.output_quantizers.0", "2.output_quantizers.0", "2.param_quantizers.weight"]
+        "0.input_quantizers.0", "0.param_quantizers.weight", "1.output_quantizers.0", "2.output_quantizers.0",
+        "2.param_quantizers.weight"]
     for name, q in sim.named_quantizers():
         assert sim.model.get_submodule(name) is q
 
@@ -1233,7 +1241,7 @@ def test_float_shape_mismatch_is_a_value_error():
 def test_float_format_mismatch_is_rejected():
     target, doc = _float_sims(bw_target=16)
     before = quantizer_values(target)
-    with pytest.raises(ValueError, match=r"0\.output_quantizers\.0"):
+    with pytest.raises(ValueError, match=r"0\.input_quantizers\.0"):  # the first float quantizer named
         target.load_encodings(doc)
     assert_same_values(quantizer_values(target), before)
 
@@ -1377,11 +1385,16 @@ def test_quantizers_disabled_restores_after_an_exception():
 
 
 # -- compute_encodings_sequential --------------------------------------------------------------------
+# Sequential calibration runs each op on quantized inputs, compute_encodings (as AIMET) on float ones: they agree
+# where an op's inputs are the same either way, so these tests leave the model inputs unquantized.
+UNQUANTIZED_INPUTS = with_defaults(model_input={"is_input_quantized": False})
+
+
 def test_sequential_equals_parallel_with_one_quantized_layer():
     model = nn.Sequential(nn.Linear(8, 8))
     batches = [randn(16, 8, seed=s) * (s + 1) for s in range(3)]
-    par = sim_of(model, batches[0])
-    seq = sim_of(model, batches[0])
+    par = sim_of(model, batches[0], config_file=UNQUANTIZED_INPUTS)
+    seq = sim_of(model, batches[0], config_file=UNQUANTIZED_INPUTS)
     par.compute_encodings(batches, progress=False)
     seq.compute_encodings_sequential(batches, progress=False)
     assert_same_encodings(seq, par)
@@ -1390,8 +1403,8 @@ def test_sequential_equals_parallel_with_one_quantized_layer():
 def test_sequential_on_a_chain():
     model = deep_mlp(4)
     batches = [randn(32, 16, seed=s) for s in range(4)]
-    par = sim_of(model, batches[0])
-    seq = sim_of(model, batches[0])
+    par = sim_of(model, batches[0], config_file=UNQUANTIZED_INPUTS)
+    seq = sim_of(model, batches[0], config_file=UNQUANTIZED_INPUTS)
     par.compute_encodings(batches, progress=False)
     seq.compute_encodings_sequential(batches, progress=False)
     assert all(q.is_initialized() for _, q in seq.named_quantizers())
@@ -1406,14 +1419,16 @@ def test_sequential_on_a_chain():
 def test_sequential_two_inputs_and_mode():
     data = [(randn(8, 3, seed=s), randn(8, 4, seed=10 + s)) for s in range(2)]
     model = TwoIn()
-    seq = sim_of(model, data[0])
+    seq = sim_of(model, data[0], config_file=UNQUANTIZED_INPUTS)
     seq.model.train()
     seq.compute_encodings_sequential(data, progress=False)
     assert seq.model.training and all(m.training for m in seq.model.modules())
-    par = sim_of(model, data[0])
+    par = sim_of(model, data[0], config_file=UNQUANTIZED_INPUTS)
     par.compute_encodings(data, progress=False)
-    # the concat reads the model inputs directly, so it sees the same data in both modes
-    assert seq.get_encodings()["cat.output_quantizers.0"] == par.get_encodings()["cat.output_quantizers.0"]
+    # a concat's output quantizer quantizes what it joins too (here the model inputs, one encoding for all)
+    cat = sub(seq, "cat")
+    assert cat.output_quantizers[0] is cat.input_quantizers[0] is cat.input_quantizers[1]
+    assert cat.output_quantizers[0].is_initialized() and sub(par, "cat").output_quantizers[0].is_initialized()
     assert all(q.is_initialized() for _, q in seq.named_quantizers())
 
 
@@ -1438,13 +1453,13 @@ def test_sequential_shared_module_sees_every_call_site():
     class Shared(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.act = nn.ReLU()
+            self.act = nn.Tanh()  # (a ReLU would share its output quantizer with its input, the model input)
 
         def forward(self, x, y):
             return self.act(x), self.act(y)
 
     data = [(randn(16, 8, seed=1) * 5, randn(16, 8, seed=2))]
-    par, seq = sim_of(Shared(), data[0]), sim_of(Shared(), data[0])
+    par, seq = (sim_of(Shared(), data[0], config_file=UNQUANTIZED_INPUTS) for _ in range(2))
     par.compute_encodings(data, progress=False)
     seq.compute_encodings_sequential(data, progress=False)
     assert_same_encodings(seq, par)
@@ -1559,7 +1574,7 @@ def _linear_sim():
 
 def _fresh(lin, x) -> torch.Tensor:
     w = qd(lin.weight, lin.param_quantizers["weight"])
-    return qd(F.linear(x, w, lin.bias.detach()), lin.output_quantizers[0])
+    return qd(F.linear(qd(x, lin.input_quantizers[0]), w, lin.bias.detach()), lin.output_quantizers[0])
 
 
 def _check_recomputed(sim, lin, x, calls, first) -> None:
@@ -1666,7 +1681,7 @@ def test_double_model_matches_functional_reference():
 
 def test_repr():
     sim = sim_of(mlp(), randn(2, 8))
-    assert repr(sim) == ("QuantizationSimModel(quant_scheme=min_max, quantizers=4, capture=export, "
+    assert repr(sim) == ("QuantizationSimModel(quant_scheme=min_max, quantizers=5, capture=export, "
                          "unquantized_modules=0, float_ops=0)")
 
 

@@ -50,7 +50,7 @@ def files(tmp_path_factory, write_module):
     torch.export.save(torch.export.export(model, (x[:16],)), d / "mlp.pt2")
     torch.save(mod.ConvOnly().state_dict(), d / "conv.pt")
     torch.save(torch.randn(8, 1, 6, 6), d / "images.pt")
-    (d / "blk3.json").write_text(json.dumps({"params": {"weight": {"block_size": 3}}}))
+    (d / "blk3.json").write_text(json.dumps({"params": {"weight": {"is_quantized": True, "block_size": 3}}}))
     return {"dir": d, "mod": mod, "model": model, "x": x}
 
 

@@ -20,7 +20,9 @@ from quanta.quantsim import QuantizationSimModel, QuantSimConfig
 from quanta.tools.inspect_file import NOT_RECOGNISED, inspect_file
 
 WEIGHTS = ["0.weight", "2.weight"]
-ACTIVATIONS = ["1.output.0", "2.output.0"]
+ACTIVATIONS = ["0.input.0", "1.output.0", "2.output.0"]  # the model input too (AIMET's default)
+#: the same activations as torch.onnx names them in an exported graph: the graph input, then op outputs
+ONNX_ACTIVATIONS = ["input", "/1/Relu_output_0", "/2/Gemm_output_0"]
 
 
 def _sim(config=None, **kwargs) -> tuple[QuantizationSimModel, torch.Tensor]:
@@ -45,7 +47,7 @@ def files(tmp_path_factory):
     blocks.setdefault("op_type", {}).setdefault("Gemm", {}).setdefault("params", {})["weight"] = {"block_size": 16}
     bsim, _ = _sim(blocks, default_param_bw=4)
     bsim.save_encodings(d / "blocks.json")
-    bsim.save_encodings(d / "blocks_v1.encodings", version="1.0.0")
+    bsim.save_encodings(d / "blocks_v2.encodings", version="2.0.0")
     out = {"dir": d}
     if _has("onnx"):
         with warnings.catch_warnings():
@@ -97,20 +99,20 @@ def test_aimet_encodings_every_version(files, capsys, version):
     assert code == 0
     lines = text.splitlines()
     if version == "2.0.0":
-        assert lines[0] == ("AIMET encodings file, version 2.0.0: 4 tensors (version 2.0.0 does not tell "
+        assert lines[0] == ("AIMET encodings file, version 2.0.0: 5 tensors (version 2.0.0 does not tell "
                             "activations from params)")
     else:
-        assert lines[0] == f"AIMET encodings file, version {version}: 4 tensors (2 activations, 2 params)"
+        assert lines[0] == f"AIMET encodings file, version {version}: 5 tensors (3 activations, 2 params)"
     rows = {line.split()[0]: line.split() for line in lines[2:-1]}
     assert sorted(rows) == sorted(WEIGHTS + ACTIVATIONS)
     assert rows["0.weight"][3:] == ["8", "yes", "per-channel(axis=0)" if version == "2.0.0" else "per-channel", "16"]
     assert rows["2.weight"][-1] == "4" and rows["1.output.0"][-2:] == ["per-tensor", "1"]
-    assert lines[-1].startswith("summary: ") and "22 scales" in lines[-1]
+    assert lines[-1].startswith("summary: ") and "23 scales" in lines[-1]
     report = _json(capsys, files["dir"] / f"v{version}.encodings")
     assert report["type"] == "encodings" and report["format"] == "aimet" and report["version"] == version
     w = {t["name"]: t for t in report["tensors"]}["0.weight"]
     assert (w["bitwidth"], w["symmetric"], w["granularity"], w["num_scales"]) == (8, True, "per-channel", 16)
-    assert report["summary"]["tensors"] == 4 and report["summary"]["granularity"] == {"per-tensor": 2,
+    assert report["summary"]["tensors"] == 5 and report["summary"]["granularity"] == {"per-tensor": 3,
                                                                                       "per-channel": 2}
 
 
@@ -118,15 +120,15 @@ def test_quanta_encodings(files, capsys):
     report = _json(capsys, files["dir"] / "quanta.json")
     assert report["format"] == "quanta"
     by_name = {t["name"]: t for t in report["tensors"]}
-    assert sorted(by_name) == ["0.param_quantizers.weight", "1.output_quantizers.0", "2.output_quantizers.0",
-                               "2.param_quantizers.weight"]
+    assert sorted(by_name) == ["0.input_quantizers.0", "0.param_quantizers.weight", "1.output_quantizers.0",
+                               "2.output_quantizers.0", "2.param_quantizers.weight"]
     w = by_name["0.param_quantizers.weight"]
     assert (w["kind"], w["dtype"], w["bitwidth"], w["symmetric"], w["granularity"], w["axis"], w["num_scales"]) == (
         "param", "int", 8, True, "per-channel", 0, 16)
     a = by_name["1.output_quantizers.0"]
     assert (a["kind"], a["dtype"], a["symmetric"], a["granularity"], a["num_scales"]) == (
         "activation", "uint", False, "per-tensor", 1)
-    assert report["summary"]["activations"] == 2 and report["summary"]["params"] == 2
+    assert report["summary"]["activations"] == 3 and report["summary"]["params"] == 2
 
 
 def test_per_block_encodings(files, capsys):
@@ -134,9 +136,9 @@ def test_per_block_encodings(files, capsys):
     w = {t["name"]: t for t in report["tensors"]}["0.param_quantizers.weight"]
     assert (w["bitwidth"], w["granularity"], w["block_size"], w["axis"], w["num_scales"]) == (4, "per-block", 16, 1,
                                                                                               32)
-    code, text, _ = _inspect(capsys, str(files["dir"] / "blocks_v1.encodings"))
-    assert code == 0 and "per-block(16)" in text
-    w = {t["name"]: t for t in _json(capsys, files["dir"] / "blocks_v1.encodings")["tensors"]}["0.weight"]
+    code, text, _ = _inspect(capsys, str(files["dir"] / "blocks_v2.encodings"))
+    assert code == 0 and "per-block(16, axis=1)" in text
+    w = {t["name"]: t for t in _json(capsys, files["dir"] / "blocks_v2.encodings")["tensors"]}["0.weight"]
     assert (w["bitwidth"], w["granularity"], w["block_size"], w["num_scales"]) == (4, "per-block", 16, 32)
 
 
@@ -158,33 +160,34 @@ def test_type_is_told_by_content_not_by_name(files, capsys):
 def test_onnx_qdq_graph(files, capsys):
     pytest.importorskip("onnx")
     report = _json(capsys, files["dir"] / "qdq" / "model.onnx")
-    assert report["type"] == "onnx" and report["opset"] == 13
+    assert report["type"] == "onnx" and report["opset"] == 20  # torch.onnx's default, as AIMET exports
     assert report["inputs"] == [{"name": "input", "dtype": "float32", "shape": [8, 32]}]
     assert report["outputs"] == [{"name": "output", "dtype": "float32", "shape": [8, 4]}]
-    assert (report["quantize_linear"], report["dequantize_linear"]) == (4, 4)
+    assert (report["quantize_linear"], report["dequantize_linear"]) == (5, 5)
     q = {t["name"]: t for t in report["quantized_tensors"]}
-    assert sorted(q) == sorted(WEIGHTS + ACTIVATIONS)
+    assert sorted(q) == sorted(WEIGHTS + ONNX_ACTIVATIONS)
     assert (q["0.weight"]["zero_point_dtype"], q["0.weight"]["granularity"], q["0.weight"]["axis"],
             q["0.weight"]["num_scales"]) == ("int8", "per-channel", 0, 16)
-    assert (q["1.output.0"]["zero_point_dtype"], q["1.output.0"]["granularity"]) == ("uint8", "per-tensor")
-    floats = (32 * 16 + 16 + 16 * 4 + 4) * 4 + (16 + 4 + 2) * 4  # weights, biases, scales
-    assert report["initializer_bytes_by_dtype"] == {"float32": floats, "int8": 20, "uint8": 2}
+    relu = q["/1/Relu_output_0"]
+    assert (relu["zero_point_dtype"], relu["granularity"]) == ("uint8", "per-tensor")
+    floats = (32 * 16 + 16 + 16 * 4 + 4) * 4 + (16 + 4 + 3) * 4  # weights, biases, scales
+    assert report["initializer_bytes_by_dtype"] == {"float32": floats, "int8": 20, "uint8": 3}
     assert report["file_bytes"] == os.path.getsize(files["dir"] / "qdq" / "model.onnx") == report["total_bytes"]
     code, text, _ = _inspect(capsys, str(files["dir"] / "qdq" / "model.onnx"))
-    assert code == 0 and "ONNX model: opset 13" in text and "QuantizeLinear: 4, DequantizeLinear: 4" in text
+    assert code == 0 and "ONNX model: opset 20" in text and "QuantizeLinear: 5, DequantizeLinear: 5" in text
     assert "inputs: input float32 [8, 32]" in text
 
 
 def test_onnx_prequantized_int4_blocks(files, capsys):
     pytest.importorskip("onnx")
     report = _json(capsys, files["dir"] / "pre" / "model.onnx")
-    assert report["opset"] == 21 and (report["quantize_linear"], report["dequantize_linear"]) == (2, 4)
+    assert report["opset"] == 21 and (report["quantize_linear"], report["dequantize_linear"]) == (3, 5)
     q = {t["name"]: t for t in report["quantized_tensors"]}
     w = q["0.weight"]
     assert (w["zero_point_dtype"], w["granularity"], w["axis"], w["block_size"], w["num_scales"],
             w["prequantized"]) == ("int4", "per-block", 1, 16, 32, True)
     assert report["initializer_bytes_by_dtype"]["int4"] == (16 * 32 + 4 * 16) // 2 + (32 + 4) // 2
-    assert q["1.output.0"]["prequantized"] is False
+    assert q["/1/Relu_output_0"]["prequantized"] is False
     code, text, _ = _inspect(capsys, str(files["dir"] / "pre" / "model.onnx"))
     assert "per-block(16, axis=1)" in text
 

@@ -75,8 +75,8 @@ def files(tmp_path_factory, write_module):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit is deprecated, TorchScript files are not gone
         torch.jit.save(torch.jit.script(model), d / "tiny_ts.pt")
-    (d / "blk3.json").write_text(json.dumps({"params": {"weight": {"block_size": 3}}}))
-    (d / "blk4.json").write_text(json.dumps({"params": {"weight": {"block_size": 4}}}))
+    (d / "blk3.json").write_text(json.dumps({"params": {"weight": {"is_quantized": True, "block_size": 3}}}))
+    (d / "blk4.json").write_text(json.dumps({"params": {"weight": {"is_quantized": True, "block_size": 4}}}))
     (d / "bad.json").write_text(json.dumps({"defaults": {"ops": {"is_output_quantized": "maybe"}}}))
     (d / "a_file").write_text("not a directory")
     return {"dir": d, "mod": mod, "model": model, "x": x}
@@ -149,8 +149,8 @@ def test_encodings_load_back_bit_identically(files, state_dict_run):
     out, _ = state_dict_run
     ref = _reference(files, 20)
     want = ref.get_encodings()
-    assert sorted(want) == ["0.param_quantizers.weight", "1.output_quantizers.0", "2.output_quantizers.0",
-                            "2.param_quantizers.weight"]
+    assert sorted(want) == ["0.input_quantizers.0", "0.param_quantizers.weight", "1.output_quantizers.0",
+                            "2.output_quantizers.0", "2.param_quantizers.weight"]  # the model input too, as AIMET
     for name in ("quantsim.encodings.json", "model.encodings"):  # quanta's format, AIMET 1.0.0
         fresh = QuantizationSimModel(files["model"], files["x"][:20])
         fresh.load_encodings(out / name)
@@ -166,7 +166,9 @@ def test_onnx_runs_like_the_sim(files, state_dict_run):
     out, _ = state_dict_run
     ref = _reference(files, 20)
     x = files["x"][:20]
-    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()  # onnxruntime's QDQ fusions run integer kernels of their own (README)
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    session = ort.InferenceSession(str(out / "model.onnx"), options, providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     want = ref.model(x).detach()
     scale = ref.model.get_submodule("2").output_quantizers[0].get_encodings().scale
@@ -210,7 +212,8 @@ def test_export_program_run_matches_the_state_dict_model(files, export_run):
     assert "torch.export program: rebuilt 2 module calls" in r.stdout  # the Linears (ReLU: a functional op)
     doc = json.loads((out / "model.encodings").read_text())
     assert doc["version"] == "2.0.0"
-    assert sorted(e["name"] for e in doc["encodings"]) == ["0.weight", "1.output.0", "2.output.0", "2.weight"]
+    assert sorted(e["name"] for e in doc["encodings"]) == ["0.input.0", "0.weight", "1.output.0", "2.output.0",
+                                                           "2.weight"]
     ref = _reference(files, 16)  # the same modules, names and encodings as from the Python class
     fresh = QuantizationSimModel(files["model"], files["x"][:16])
     fresh.load_encodings(out / "quantsim.encodings.json")
@@ -224,8 +227,9 @@ def test_export_program_run_matches_the_state_dict_model(files, export_run):
 def test_inspect_reads_every_output(files, state_dict_run, capsys):
     out, _ = state_dict_run
     code, text, _ = _main(["inspect", str(out / "model.encodings")], capsys)
-    assert code == 0 and "AIMET encodings file, version 1.0.0: 4 tensors (2 activations, 2 params)" in text
-    assert all(n in text for n in ("0.weight", "2.weight", "1.output.0", "2.output.0"))
+    assert code == 0 and "AIMET encodings file, version 1.0.0: 5 tensors (3 activations, 2 params)" in text
+    # the export's file: keyed by the ONNX graph's tensor names (the graph input, torch.onnx's op outputs)
+    assert all(n in text for n in ("0.weight", "2.weight", "/1/Relu_output_0", "/2/Gemm_output_0"))
     code, text, _ = _main(["inspect", str(out / "quantsim.encodings.json")], capsys)
     assert code == 0 and "quanta encodings file" in text and "0.param_quantizers.weight" in text
     code, text, _ = _main(["inspect", str(out / "model.safetensors"), "--json"], capsys)
@@ -236,7 +240,7 @@ def test_inspect_reads_every_output(files, state_dict_run, capsys):
         ("0.weight", "per-channel", 16), ("2.weight", "per-channel", 4)]
     r = _run("inspect", str(out / "model.onnx"), files=files)  # one real process
     assert r.returncode == 0, r.stderr
-    assert "QuantizeLinear: 4, DequantizeLinear: 4" in r.stdout and "quantized tensors: 4" in r.stdout
+    assert "QuantizeLinear: 5, DequantizeLinear: 5" in r.stdout and "quantized tensors: 5" in r.stdout
     assert "0.weight" in r.stdout and "per-channel(axis=0)" in r.stdout
 
 

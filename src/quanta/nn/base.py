@@ -290,8 +290,11 @@ class QuantizationMixin:
 
     # -- calibration ---------------------------------------------------------------
     def _quantizers(self) -> Iterator[nn.Module]:
+        """Each quantizer of the module once (one object may fill several slots: a shared encoding)."""
+        seen: set[int] = set()
         for q in (*self.input_quantizers, *self.output_quantizers, *self.param_quantizers.values()):
-            if q is not None:
+            if q is not None and id(q) not in seen:
+                seen.add(id(q))
                 yield q
 
     @contextlib.contextmanager

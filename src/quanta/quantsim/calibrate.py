@@ -3,7 +3,8 @@
 Two ways (the methods of :class:`~quanta.quantsim.QuantizationSimModel` call these):
 
 * :func:`compute_encodings`: every quantizer observes the forward passes of a callback (or of a list of
-  batches) at once; the model runs in float meanwhile.
+  batches) at once; the activations run in float meanwhile (the quantizers in ``passthrough`` observe their
+  inputs and hand them on unchanged; the parameters are quantized), as in AIMET 2.42.
 * :func:`compute_encodings_sequential`: the captured graph runs one node at a time over all batches, so each
   op is calibrated on the outputs of the already-quantized ops before it.
 
@@ -48,19 +49,22 @@ def compute_encodings(
     *,
     progress: bool = True,
     total: int | None = None,
+    passthrough: Iterable[QuantizerBase] = (),
 ) -> None:
     """Calibrate ``quantizers`` (``(name, quantizer)`` pairs of ``model``) on the forward passes of
     ``forward_pass_callback``: ``fn(model)``, ``fn(model, args)``, or ``model(batch)`` for each of an iterable
     of batches (see :meth:`quanta.quantsim.QuantizationSimModel.compute_encodings`).
 
-    ``model`` runs in eval mode under ``torch.no_grad()``. Quantizers that saw no input keep their encoding
-    and are named in one RuntimeWarning."""
+    ``model`` runs in eval mode under ``torch.no_grad()``. The quantizers in ``passthrough`` (a sim's
+    activation quantizers) return their input unchanged meanwhile; the others quantize with the batch's own
+    range. Quantizers that saw no input keep their encoding and are named in one RuntimeWarning."""
     run = _forward_runner(forward_pass_callback, forward_pass_callback_args)
     if total is None and not callable(forward_pass_callback):
         total = len(forward_pass_callback) if hasattr(forward_pass_callback, "__len__") else None  # type: ignore[arg-type]
     quantizers = list(quantizers)
     seen: set[int] = set()
     hooks = [q.register_forward_pre_hook(lambda m, args: seen.add(id(m))) for _, q in quantizers]
+    hooks += [q.register_forward_hook(lambda m, args, out: args[0]) for q in {id(q): q for q in passthrough}.values()]
     try:
         # catch_warnings outermost: the quantizers' own "no input was seen" warnings fire on exit of the stack
         with warnings.catch_warnings(record=True) as caught, contextlib.ExitStack() as stack:
@@ -113,7 +117,9 @@ def compute_encodings_sequential(model: nn.Module, graph: fx.Graph, batches: Ite
     :meth:`quanta.quantsim.QuantizationSimModel.compute_encodings_sequential`).
 
     A quantized module first observes its inputs for every batch, computes its encodings, then produces its
-    quantized outputs; a value is dropped as soon as its last user has run."""
+    quantized outputs (one that quantizes its inputs, such as the first op reading a model input, calibrates
+    those first, then its outputs on the quantized inputs); a value is dropped as soon as its last user has
+    run."""
     inputs = []
     for b, batch in enumerate(batches):
         args, kwargs = split_batch(batch)
@@ -149,7 +155,10 @@ def compute_encodings_sequential(model: nn.Module, graph: fx.Graph, batches: Ite
                 if node.op == "output":
                     break
                 module = modules.get(node.target) if node.op == "call_module" else None
-                if isinstance(module, QuantizationMixin):
+                if isinstance(module, QuantizationMixin) and sites[node.target] == 1 and any(
+                        q is not None for q in module.input_quantizers):
+                    _calibrate_inputs_first(model, node, module, envs)
+                elif isinstance(module, QuantizationMixin):
                     visits[node.target] += 1
                     if node.target not in calibrating:
                         stack = calibrating[node.target] = open_calibrations.enter_context(contextlib.ExitStack())
@@ -165,6 +174,23 @@ def compute_encodings_sequential(model: nn.Module, graph: fx.Graph, batches: Ite
                         for env in envs:
                             env.pop(a, None)
                 advance()
+
+
+def _calibrate_inputs_first(model: nn.Module, node: fx.Node, module: QuantizationMixin,
+                            envs: list[dict[fx.Node, Any]]) -> None:
+    """Calibrate a module that quantizes its inputs in two passes over the batches: its input quantizers
+    first (on every batch), then its other quantizers on inputs quantized with those final encodings, so its
+    output statistics do not depend on how the data is split into batches."""
+    with module.compute_encodings():
+        for env in envs:
+            _run_node(model, node, env)
+    inputs = {id(q) for q in module.input_quantizers if q is not None}
+    with contextlib.ExitStack() as stack:
+        for q in module._quantizers():
+            if id(q) not in inputs:
+                stack.enter_context(q.compute_encodings())
+        for env in envs:
+            _run_node(model, node, env)
 
 
 @contextlib.contextmanager

@@ -59,7 +59,8 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["BUILTIN_DEFAULT", "INTEGER_ONLY", "DataType", "QuantSimConfig", "QuantizerSpec", "op_types_of"]
+__all__ = ["BUILTIN_DEFAULT", "GRID_PRESERVING_OPS", "INTEGER_ONLY", "SUPERGROUP_PASSES", "DataType", "QuantSimConfig",
+           "QuantizerSpec", "op_types_of"]
 
 MIN_BITWIDTH, MAX_BITWIDTH = 1, 32
 FLOAT_BITWIDTHS = (8, 16)  # float formats quanta simulates: fp8 (e4m3) and fp16
@@ -88,10 +89,18 @@ class QuantizerSpec:
     output channel (so ``block_size`` implies ``per_channel``, and is set so).
     ``strict_symmetric`` selects the symmetric int grid ``[-(2^(b-1)-1), 2^(b-1)-1]``
     instead of ``[-2^(b-1), 2^(b-1)-1]``; ``unsigned_symmetric`` is AIMET's flag,
-    recorded for QuantizationSimModel to apply.
+    recorded for QuantizationSimModel to apply. ``decompressed_bw`` (with
+    ``block_size``) makes the blocks LPBQ's (AIMET's low-power blockwise
+    quantization, :class:`~quanta.quantization.affine.GroupedBlockQuantizeDequantize`):
+    integer block scales in ``[1, 2**(decompressed_bw - bitwidth)]`` under one float
+    scale per group of ``block_grouping`` blocks (``-1``, the default: all the blocks
+    of an output channel).
 
     >>> QuantizerSpec(enabled=True, bitwidth=4, symmetric=True, dtype=None, block_size=32).per_channel
     True
+    >>> QuantizerSpec(enabled=True, bitwidth=4, symmetric=True, dtype=None, block_size=32, decompressed_bw=8
+    ...               ).block_grouping
+    -1
     >>> QuantizerSpec(enabled=True, bitwidth=4, symmetric=True, dtype=DataType.FLOAT)
     Traceback (most recent call last):
     ...
@@ -106,6 +115,8 @@ class QuantizerSpec:
     block_size: int | None = None
     strict_symmetric: bool = False
     unsigned_symmetric: bool = False
+    decompressed_bw: int | None = None
+    block_grouping: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("enabled", "symmetric", "per_channel", "strict_symmetric", "unsigned_symmetric"):
@@ -123,6 +134,25 @@ class QuantizerSpec:
                     f"QuantizerSpec.block_size must be None or a positive integer, got {self.block_size!r}"
                 )
             object.__setattr__(self, "per_channel", True)  # blocks split each output channel's row
+        if self.decompressed_bw is not None:
+            if not (_is_int(self.decompressed_bw) and MIN_BITWIDTH <= self.decompressed_bw <= MAX_BITWIDTH):
+                raise ValueError("QuantizerSpec.decompressed_bw must be None or an integer in [1, 32], got "
+                                 f"{self.decompressed_bw!r}")
+            if self.block_size is None:
+                raise ValueError("QuantizerSpec.decompressed_bw needs block_size (LPBQ scales blocks of a channel)")
+            if self.bitwidth is not None and self.decompressed_bw < self.bitwidth:
+                raise ValueError(f"QuantizerSpec.decompressed_bw ({self.decompressed_bw}) must be at least "
+                                 f"bitwidth ({self.bitwidth})")
+            if self.dtype is DataType.FLOAT:
+                raise ValueError("QuantizerSpec.decompressed_bw (LPBQ) is for integer grids, got dtype FLOAT")
+            if self.block_grouping is None:
+                object.__setattr__(self, "block_grouping", -1)
+        if self.block_grouping is not None:
+            if self.decompressed_bw is None:
+                raise ValueError("QuantizerSpec.block_grouping needs decompressed_bw (it groups LPBQ blocks)")
+            if not (_is_int(self.block_grouping) and (self.block_grouping == -1 or self.block_grouping > 0)):
+                raise ValueError("QuantizerSpec.block_grouping must be -1 (all blocks of a channel) or a positive "
+                                 f"integer, got {self.block_grouping!r}")
 
 
 # -- parsing: one small function per kind of value ---------------------------------------------
@@ -167,6 +197,13 @@ def _block_size(value: Any, path: _KeyPath) -> int:
     raise ValueError(f"{_where(path)}: expected a positive integer (elements per block), got {_short(value)}")
 
 
+def _block_grouping(value: Any, path: _KeyPath) -> int:
+    if _is_int(value) and (value == -1 or value > 0):
+        return value
+    raise ValueError(f"{_where(path)}: expected -1 (every block of an output channel) or a positive integer "
+                     f"(blocks per float scale), got {_short(value)}")
+
+
 def _dtype(value: Any, path: _KeyPath) -> DataType:
     if value in ("int", "float"):
         return DataType(value)
@@ -203,18 +240,53 @@ def _named(value: Any, path: _KeyPath, what: str) -> Mapping:
     return raw
 
 
-def _encoding_constraints(value: Any, path: _KeyPath) -> tuple[float, float]:
+def _encoding_constraints(value: Any, path: _KeyPath) -> tuple[float | None, float | None]:
+    # AIMET's meaning: the given ends of the output range are fixed (never recalibrated); an end left out or
+    # null is calibrated as usual (HTP files: "Relu": {"min": 0.0}).
     raw = _mapping(value, path)
     _check_keys(raw, ("max", "min"), path)
-    bounds = []
+    bounds: list[float | None] = []
     for key in ("min", "max"):
         v = raw.get(key)
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
-            raise ValueError(f"{_where(path + (key,))}: expected a finite number, got {_short(v)}")
-        bounds.append(float(v))
-    if bounds[0] >= bounds[1]:
-        raise ValueError(f"{_where(path)}: 'min' must be below 'max', got min={bounds[0]}, max={bounds[1]}")
-    return bounds[0], bounds[1]
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+            raise ValueError(f"{_where(path + (key,))}: expected a finite number or null (calibrated), got {_short(v)}")
+        bounds.append(None if v is None else float(v))
+    lo, hi = bounds
+    if lo is None and hi is None:
+        raise ValueError(f"{_where(path)}: expected 'min' and/or 'max' as a number, got {_short(dict(raw))}")
+    if lo is not None and hi is not None and lo >= hi:
+        raise ValueError(f"{_where(path)}: 'min' must be below 'max', got min={lo}, max={hi}")
+    return lo, hi
+
+
+#: ONNX op types whose output values lie on their input's grid (AIMET's list): a config that does not name
+#: one in ``op_type`` leaves its output unquantized, as AIMET does (``nn.Embedding`` is ``Gather``, the rows of
+#: its quantized weight; ``MaxPool``; ``Dropout``, ``Flatten``, ``Identity`` ...).
+GRID_PRESERVING_OPS = frozenset((
+    "Col2Im", "Compress", "DepthToSpace", "Dropout", "Expand", "Flatten", "Gather", "GatherElements", "GatherND",
+    "Identity", "MaxPool", "MaxRoiPool", "NonZero", "Pad", "ReduceMax", "ReduceMin", "Reshape", "Slice",
+    "SpaceToDepth", "Split", "SplitToSequence", "Squeeze", "Tile", "TopK", "Transpose", "Unsqueeze",
+))
+
+#: AIMET's supergroup passes (``supergroup_pass_list``; aimet-onnx runs them on an ONNX graph, aimet-torch 2.42
+#: reads the key and ignores it): each makes the ops of one decomposed layer run as one op, quantizing only its
+#: output. What quanta does for each: ``LayerNormalization`` and ``RMSNormalization``, a norm written out in ops
+#: is lifted into one module whenever capture recognises it (so with or without the pass); ``MatmulAdd``, a
+#: ``matmul`` by a weight parameter whose only user adds a bias parameter is one op (a Linear): the matmul's
+#: output and the bias stay unquantized (see :mod:`quanta.quantsim.placement`).
+SUPERGROUP_PASSES = ("LayerNormalization", "RMSNormalization", "MatmulAdd")
+
+
+def _supergroup_passes(value: Any, path: _KeyPath) -> tuple[str, ...]:
+    if not _is_list(value):
+        raise ValueError(f"{_where(path)}: expected a list of pass names such as ['MatmulAdd'], got {_short(value)}")
+    for i, name in enumerate(value):
+        if name not in SUPERGROUP_PASSES:
+            close = difflib.get_close_matches(str(name), SUPERGROUP_PASSES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{_where(path + (i,))}: unknown supergroup pass {_short(name)}{hint}; "
+                             f"known passes: {', '.join(SUPERGROUP_PASSES)}")
+    return tuple(dict.fromkeys(value))
 
 
 def _supported_kernels(value: Any, path: _KeyPath) -> tuple[Any, ...]:
@@ -237,6 +309,8 @@ class _ParamRule:
     dtype: DataType | None = None
     per_channel_quantization: bool | None = None
     block_size: int | None = None
+    decompressed_bw: int | None = None
+    block_grouping: int | None = None
 
 
 @dataclass(frozen=True)
@@ -252,9 +326,11 @@ class _OpRule:
     strict_symmetric: bool | None = None
     unsigned_symmetric: bool | None = None
     params: Mapping[str, _ParamRule] = field(default_factory=dict)
-    encoding_constraints: tuple[float, float] | None = None
+    encoding_constraints: tuple[float | None, float | None] | None = None
     supported_kernels: tuple[Any, ...] | None = None
 
+
+_GRID_PRESERVING_RULE = _OpRule(is_output_quantized=False)
 
 _PARAM_KEYS: dict[str, Callable[[Any, _KeyPath], Any]] = {
     "is_quantized": _bool,
@@ -263,6 +339,8 @@ _PARAM_KEYS: dict[str, Callable[[Any, _KeyPath], Any]] = {
     "dtype": _dtype,
     "per_channel_quantization": _bool,
     "block_size": _block_size,
+    "decompressed_bw": _bitwidth,
+    "block_grouping": _block_grouping,
 }
 _OP_KEYS: dict[str, Callable[[Any, _KeyPath], Any]] = {
     "is_input_quantized": _bool,
@@ -279,7 +357,8 @@ _OP_TYPE_EXTRAS = ("params", "encoding_constraints", "supported_kernels")
 _MODULE_NAME_EXTRAS = ("params", "encoding_constraints")
 _DEFAULTS_KEYS = ("ops", "params", "per_channel_quantization", "strict_symmetric", "unsigned_symmetric",
                   "hw_version", "supported_kernels")
-_TOP_KEYS = ("defaults", "params", "op_type", "module_name", "supergroups", "model_input", "model_output")
+_TOP_KEYS = ("defaults", "params", "op_type", "module_name", "supergroups", "supergroup_pass_list", "model_input",
+             "model_output")
 
 
 def _check_float_bitwidth(values: Mapping[str, Any], path: _KeyPath) -> None:
@@ -299,6 +378,13 @@ def _parse_param_rule(value: Any, path: _KeyPath) -> _ParamRule:
             f"{_where(path + ('block_size',))}: block quantization is per output channel, but this entry also "
             "sets per_channel_quantization to False; drop one of the two"
         )
+    if "decompressed_bw" in values and "bitwidth" in values and values["decompressed_bw"] < values["bitwidth"]:
+        raise ValueError(f"{_where(path + ('decompressed_bw',))}: must be at least bitwidth ({values['bitwidth']}), "
+                         f"got {values['decompressed_bw']}")
+    for key in ("decompressed_bw", "block_grouping"):
+        if key in values and values.get("per_channel_quantization") is False:
+            raise ValueError(f"{_where(path + (key,))}: LPBQ blocks are per output channel, but this entry also "
+                             "sets per_channel_quantization to False; drop one of the two")
     return _ParamRule(**values)
 
 
@@ -354,6 +440,7 @@ class _Config:
     op_type: Mapping[str, _OpRule] = field(default_factory=dict)
     module_name: tuple[tuple[str, _OpRule], ...] = ()  # ordered: later patterns win
     supergroups: tuple[tuple[str, ...], ...] = ()
+    supergroup_passes: tuple[str, ...] = ()
     model_input: bool | None = None
     model_output: bool | None = None
 
@@ -379,7 +466,7 @@ def _parse_defaults(value: Any, path: _KeyPath) -> dict[str, Any]:
     ops = dataclasses.replace(ops, **folded)
     params = dataclasses.replace(params, per_channel_quantization=None)
     out: dict[str, Any] = {"ops": ops, "params_default": params}
-    if "hw_version" in raw:  # accepted and ignored: AIMET names its target hardware with it
+    if "hw_version" in raw:  # AIMET names its target hardware with it; placement applies its per-version rules
         out["hw_version"] = _text(raw["hw_version"], path + ("hw_version",))
     if "supported_kernels" in raw:
         out["supported_kernels"] = _supported_kernels(raw["supported_kernels"], path + ("supported_kernels",))
@@ -407,6 +494,8 @@ def _parse(value: Any) -> _Config:
         )
     if "supergroups" in raw:
         out["supergroups"] = _parse_supergroups(raw["supergroups"], ("supergroups",))
+    if "supergroup_pass_list" in raw:
+        out["supergroup_passes"] = _supergroup_passes(raw["supergroup_pass_list"], ("supergroup_pass_list",))
     if "model_input" in raw:
         out["model_input"] = _parse_flag(raw["model_input"], ("model_input",), "is_input_quantized")
     if "model_output" in raw:
@@ -426,7 +515,7 @@ def _rule_to_dict(rule: _OpRule | _ParamRule) -> dict[str, Any]:
         elif f.name == "params":
             value = {name: _rule_to_dict(r) for name, r in value.items()}
         elif f.name == "encoding_constraints":
-            value = {"min": value[0], "max": value[1]}
+            value = {k: v for k, v in zip(("min", "max"), value) if v is not None}
         elif f.name == "supported_kernels":
             value = copy.deepcopy(list(value))
         out[f.name] = value
@@ -450,18 +539,25 @@ def _to_dict(cfg: _Config) -> dict[str, Any]:
         "op_type": {t: _rule_to_dict(r) for t, r in cfg.op_type.items()},
         "module_name": {p: _rule_to_dict(r) for p, r in cfg.module_name},
         "supergroups": [{"op_list": list(g)} for g in cfg.supergroups],
+        "supergroup_pass_list": list(cfg.supergroup_passes),
         "model_input": {} if cfg.model_input is None else {"is_input_quantized": cfg.model_input},
         "model_output": {} if cfg.model_output is None else {"is_output_quantized": cfg.model_output},
     }
 
 
 # -- resolving: fold the matching rules over the base, lowest precedence first ----------------------
-def _granularity(state: dict[str, Any], per_channel: bool | None, block_size: int | None = None) -> None:
-    # One granularity per quantizer: the most specific level that says anything about it decides.
+def _granularity(state: dict[str, Any], per_channel: bool | None, block_size: int | None = None,
+                 decompressed_bw: int | None = None, block_grouping: int | None = None) -> None:
+    # One granularity per quantizer: the most specific level that says anything about it decides (a level
+    # that gives block_size alone keeps the LPBQ keys of a lower one; per_channel_quantization alone clears both).
     if block_size is not None:
         state.update(per_channel=True, block_size=block_size)
-    elif per_channel is not None:
-        state.update(per_channel=per_channel, block_size=None)
+    elif per_channel is not None and decompressed_bw is None and block_grouping is None:
+        state.update(per_channel=per_channel, block_size=None, decompressed_bw=None, block_grouping=None)
+    if decompressed_bw is not None:
+        state["decompressed_bw"] = decompressed_bw
+    if block_grouping is not None:
+        state["block_grouping"] = block_grouping
 
 
 def _set(state: dict[str, Any], key: str, value: Any) -> None:
@@ -482,7 +578,7 @@ def _apply_param(state: dict[str, Any], rule: _ParamRule | None) -> None:
     _set(state, "symmetric", rule.is_symmetric)
     _set(state, "bitwidth", rule.bitwidth)
     _set(state, "dtype", rule.dtype)
-    _granularity(state, rule.per_channel_quantization, rule.block_size)
+    _granularity(state, rule.per_channel_quantization, rule.block_size, rule.decompressed_bw, rule.block_grouping)
 
 
 def _apply_op_to_activation(state: dict[str, Any], rule: _OpRule, enabled_key: str) -> None:
@@ -500,6 +596,18 @@ def _spec(state: dict[str, Any], what: str) -> QuantizerSpec:
             f"the config gives {what} dtype 'float' with bitwidth {state['bitwidth']} (from different entries); "
             "float quantizers take bitwidth 8 or 16: set 'bitwidth' next to 'dtype' in the entry that applies"
         )
+    if state.get("block_grouping") is not None and state.get("decompressed_bw") is None:
+        raise ValueError(f"the config gives {what} block_grouping {state['block_grouping']} without "
+                         "decompressed_bw: block_grouping groups LPBQ blocks; set 'decompressed_bw' next to it")
+    if state.get("decompressed_bw") is not None:
+        problem = ("no block_size" if state["block_size"] is None else
+                   "dtype 'float'" if state["dtype"] is DataType.FLOAT else
+                   f"bitwidth {state['bitwidth']} above it" if (state["bitwidth"] or 0) > state["decompressed_bw"]
+                   else None)
+        if problem:
+            raise ValueError(f"the config gives {what} decompressed_bw {state['decompressed_bw']} (LPBQ) with "
+                             f"{problem} (from different entries): set 'block_size' and 'bitwidth' next to "
+                             "'decompressed_bw' in the entry that applies")
     return QuantizerSpec(**state)
 
 
@@ -536,7 +644,7 @@ class QuantSimConfig:
     their normalised content (:meth:`to_dict`) is equal.
 
     >>> cfg = QuantSimConfig.load()
-    >>> cfg.param_spec("bn", ("BatchNorm2d", "BatchNormalization"), "weight").enabled
+    >>> cfg.param_spec("bn", ("BatchNorm2d", "BatchNormalization"), "bias").enabled
     False
     >>> ln = cfg.param_spec("ln", ("LayerNorm", "LayerNormalization"), "weight")
     >>> ln.enabled, ln.per_channel
@@ -604,8 +712,9 @@ class QuantSimConfig:
         if not (isinstance(param_name, str) and param_name):
             raise TypeError(f"param_name must be a non-empty str such as 'weight', got {_short(param_name)}")
         cfg = self._cfg
-        state: dict[str, Any] = dict(enabled=True, bitwidth=None, symmetric=True, dtype=None, per_channel=False,
-                                     block_size=None, strict_symmetric=False, unsigned_symmetric=False)
+        state: dict[str, Any] = dict(enabled=False, bitwidth=None, symmetric=False, dtype=None, per_channel=False,
+                                     block_size=None, strict_symmetric=False, unsigned_symmetric=False,
+                                     decompressed_bw=None, block_grouping=None)
         _apply_op_to_param(state, cfg.ops)
         _apply_param(state, cfg.params_default)
         _apply_param(state, cfg.params.get(param_name))
@@ -659,6 +768,26 @@ class QuantSimConfig:
         return found
 
     @property
+    def hw_version(self) -> str | None:
+        """AIMET's target hardware version (``defaults.hw_version``, e.g. ``"V73"``), or None.
+
+        QuantizationSimModel applies AIMET's per-version rules with it (:mod:`quanta.quantsim.placement`).
+
+        >>> QuantSimConfig.load({"defaults": {"hw_version": "V73"}}).hw_version
+        'V73'
+        """
+        return self._cfg.hw_version
+
+    @property
+    def supergroup_passes(self) -> tuple[str, ...]:
+        """AIMET's ``supergroup_pass_list``: the names of the supergroup passes to run (see ``SUPERGROUP_PASSES``).
+
+        >>> QuantSimConfig.load({"supergroup_pass_list": ["MatmulAdd"]}).supergroup_passes
+        ('MatmulAdd',)
+        """
+        return self._cfg.supergroup_passes
+
+    @property
     def supergroups(self) -> tuple[tuple[str, ...], ...]:
         """Op-type sequences that run fused on the target, so only the last op's output is quantized.
 
@@ -678,9 +807,15 @@ class QuantSimConfig:
         return _to_dict(self._cfg)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _matching(self, module_name: str, op_types: tuple[str, ...]) -> tuple[list[_OpRule], list[_OpRule]]:
-        """(op_type rules, module_name rules) that apply to the module, each lowest precedence first."""
-        by_type = [self._cfg.op_type[t] for t in reversed(op_types) if t in self._cfg.op_type]
+    def _matching(self, module_name: str, op_types: tuple[str, ...], *, implicit: bool = False
+                  ) -> tuple[list[_OpRule], list[_OpRule]]:
+        """(op_type rules, module_name rules) that apply to the module, each lowest precedence first.
+
+        ``implicit``: a grid-preserving op type the file does not name counts as ``is_output_quantized:
+        false`` (AIMET: such an op's output lies on its input's grid already)."""
+        by_type = [self._cfg.op_type[t] if t in self._cfg.op_type else _GRID_PRESERVING_RULE
+                   for t in reversed(op_types)
+                   if t in self._cfg.op_type or (implicit and t in GRID_PRESERVING_OPS)]
         by_name = [rule for pattern, rule in self._cfg.module_name if fnmatch.fnmatchcase(module_name, pattern)]
         return by_type, by_name
 
@@ -688,10 +823,10 @@ class QuantSimConfig:
                          flag_name: str, flag: bool, model_override: bool | None) -> QuantizerSpec:
         op_types = _check_module(module_name, op_types)
         _check_index(index, flag_name, flag)
-        state: dict[str, Any] = dict(enabled=enabled_key == "is_output_quantized", bitwidth=None, symmetric=False,
+        state: dict[str, Any] = dict(enabled=False, bitwidth=None, symmetric=False,
                                      dtype=None, strict_symmetric=False, unsigned_symmetric=False)
         _apply_op_to_activation(state, self._cfg.ops, enabled_key)
-        for rules in self._matching(module_name, op_types):
+        for rules in self._matching(module_name, op_types, implicit=enabled_key == "is_output_quantized"):
             for rule in rules:
                 _apply_op_to_activation(state, rule, enabled_key)
         if flag and model_override is not None:
@@ -714,11 +849,14 @@ class QuantSimConfig:
 
 
 # -- the built-in default ----------------------------------------------------------------------------
-#: What ``QuantSimConfig.load()`` returns, in the file format (see docs/quantsim_config.md).
+#: What ``QuantSimConfig.load()`` returns, in the file format: AIMET's ``default_config.json``, with the
+#: departures measured in docs/quantsim_config.md (per-channel weights; 16-bit norm outputs; the residual
+#: stream, the adds and the Linears feeding them, in float).
 BUILTIN_DEFAULT: Mapping[str, Any] = {
     "defaults": {
         "ops": {"is_output_quantized": True, "is_input_quantized": False, "is_symmetric": False},
         "params": {"is_quantized": True, "is_symmetric": True},
+        # departure: AIMET's default_config.json is per tensor (its default_config_per_channel.json is not)
         "per_channel_quantization": True,
         "strict_symmetric": False,
         "unsigned_symmetric": False,
@@ -726,11 +864,9 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
     # every bias off, including MultiheadAttention's (in_proj_bias, bias_k/bias_v: added, not multiplied)
     "params": {name: {"is_quantized": False} for name in ("bias", "in_proj_bias", "bias_k", "bias_v")},
     "op_type": {
-        # Simulated BN: folded into the preceding conv on deployment, so its own params stay float.
-        "BatchNormalization": {
-            "per_channel_quantization": False,
-            "params": {"weight": {"is_quantized": False}, "bias": {"is_quantized": False}},
-        },
+        # Norm and BatchNorm weights per tensor, as in AIMET's default (a BatchNorm after a convolution folds
+        # into it: its parameters stay float, see quanta.quantsim.placement).
+        "BatchNormalization": {"per_channel_quantization": False},
         # A transformer's LayerNorm/RMSNorm outputs carry its outlier channels (post-LN BERT: the residual
         # stream itself); 8 bits there cost real models most of their accuracy (all-MiniLM-L6-v2 sentence
         # embeddings: mean cosine 0.987 -> 0.995 with them at 16 bits; docs/real_weights.md).
@@ -738,32 +874,30 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
         "GroupNormalization": {"per_channel_quantization": False},
         "RMSNormalization": {"per_channel_quantization": False, "bitwidth": 16},
         # The residual stream: an add's output has the widest range in the network and costs no MACs, so
-        # it stays in float (as TensorRT/ModelOpt place Q/DQ, and as AIMET runs without its model preparer);
-        # one 8-bit per-tensor quantizer there caps a transformer block's output near 38 dB. Its consumers
-        # (LayerNorm → Linear, ReLU) are still quantized. INTEGER_ONLY turns it back on.
+        # it stays in float (as TensorRT/ModelOpt place Q/DQ); one 8-bit per-tensor quantizer there caps a
+        # transformer block's output near 38 dB. Its consumers (LayerNorm → Linear, ReLU) are still
+        # quantized. INTEGER_ONLY turns it back on.
         "Add": {"is_output_quantized": False},
     },
+    "supergroup_pass_list": ["MatmulAdd"],
     "supergroups": [
         {"op_list": ["Conv", "Relu"]},
         {"op_list": ["ConvTranspose", "Relu"]},
-        {"op_list": ["Gemm", "Relu"]},
-        {"op_list": ["Conv", "BatchNormalization"]},
-        {"op_list": ["Conv", "BatchNormalization", "Relu"]},
         {"op_list": ["Conv", "Clip"]},  # ReLU6 (MobileNet, EfficientNet-lite)
-        {"op_list": ["Conv", "BatchNormalization", "Clip"]},
         {"op_list": ["Add", "Relu"]},
+        {"op_list": ["Gemm", "Relu"]},
         # a residual branch's last Linear (attention output, FFN down projection) runs fused with the add
         # it feeds: its output is not quantized on its own (with the add's output in float, it stays float)
         {"op_list": ["Gemm", "Add"]},
     ],
-    "model_input": {},
+    "model_input": {"is_input_quantized": True},  # floating-point inputs; token ids are never quantized
     "model_output": {},
 }
 
 
 #: BUILTIN_DEFAULT with every activation quantized, elementwise adds and the residual branches feeding them
-#: included: what an integer-only backend runs (AIMET's default config on a model-prepared graph places the
-#: same quantizers; the norms keep their 16 bits).
+#: included: what an integer-only backend runs (AIMET's default_config.json places the same quantizers, per
+#: tensor; the norms keep their 16 bits).
 INTEGER_ONLY: Mapping[str, Any] = copy.deepcopy(  # its own nested dicts: editing one leaves the other alone
     {**BUILTIN_DEFAULT, "op_type": {k: v for k, v in BUILTIN_DEFAULT["op_type"].items() if k != "Add"},
      "supergroups": [g for g in BUILTIN_DEFAULT["supergroups"] if g["op_list"] != ["Gemm", "Add"]]})

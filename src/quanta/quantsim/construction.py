@@ -23,6 +23,7 @@ A spec leaves the bitwidth and data type to the sim's defaults (:class:`Quantize
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -33,12 +34,14 @@ from torch import nn
 from quanta.nn import QuantizationMixin
 from quanta.nn.base import _parametrized_names, remove_parametrization
 from quanta.nn.registry import quantized_class_for
-from quanta.quantization.affine import QuantizeDequantize
+from quanta.kernels.qparams import calibrated_range
+from quanta.quantization.affine import GroupedBlockQuantizeDequantize, QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
+from quanta.quantization.encoding_analyzer import MinMaxEncodingAnalyzer
 from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.quantsim.capture import CaptureMethod
 from quanta.quantsim.config import DataType, QuantizerSpec
-from quanta.quantsim.placement import Kind, ModulePlacement, Placed
+from quanta.quantsim.placement import Kind, ModulePlacement, Placed, Shared
 from quanta.quantsim.preparer import _PASSTHROUGH_MODULES
 from quanta.quantsim.scheme import QuantScheme
 
@@ -141,7 +144,14 @@ def build_quantizer(placed: Placed, defaults: QuantizerDefaults, shape: tuple[in
             q.maxval = nn.Parameter(q.maxval.clone())  # type: ignore[assignment]
         return q
     analyzer = scheme.encoding_analyzer(shape, block_size, percentile=defaults.percentile)
-    if spec.symmetric and spec.strict_symmetric:
+    if spec.decompressed_bw is not None:  # LPBQ: integer block scales under one float scale per group
+        if not spec.symmetric or bw > spec.decompressed_bw or block_size is None:
+            raise ValueError(f"LPBQ (decompressed_bw {spec.decompressed_bw}) needs a symmetric per-block weight "
+                             f"of at most {spec.decompressed_bw} bits, got symmetric={spec.symmetric}, "
+                             f"bitwidth {bw}, block_size {block_size}")
+        grouping = tuple(spec.block_grouping if b not in (-1, 1) else 1 for b in block_size)
+        q = GroupedBlockQuantizeDequantize(shape, bw, True, spec.decompressed_bw, analyzer, block_size, grouping)
+    elif spec.symmetric and spec.strict_symmetric:
         half = 2 ** (bw - 1) - 1
         q = QuantizeDequantize(shape, symmetric=True, encoding_analyzer=analyzer, block_size=block_size,
                                qmin=-half, qmax=half)
@@ -180,6 +190,7 @@ def install(model: nn.Module, modules: Iterable[tuple[str, QuantizationMixin]],
             placements: Mapping[str, ModulePlacement], defaults: QuantizerDefaults) -> None:
     """Put a quantizer built for each placed slot of ``modules`` (``(name, module)`` pairs of ``model``) in it,
     None in the others; fix the ranges the placement fixes; move the quantizers to ``model``'s device."""
+    modules = list(modules)
     for name, module in modules:
         placement = placements[name]
         module.plain_outputs = True  # values only between modules: no subclass dispatch on every downstream op
@@ -192,20 +203,68 @@ def install(model: nn.Module, modules: Iterable[tuple[str, QuantizationMixin]],
             layout = param_layout(placed.spec, getattr(module, pname), module._weight_axis(), f"{name}.{pname}")
             module.param_quantizers[pname] = build_quantizer(placed, defaults, *layout)
         for i, placed in enumerate(placement.inputs):
-            module.input_quantizers[i] = None if placed is None else build_quantizer(placed, defaults)
+            module.input_quantizers[i] = build_quantizer(placed, defaults) if isinstance(placed, Placed) else None
         for i, placed in enumerate(placement.outputs):
-            module.output_quantizers[i] = None if placed is None else build_quantizer(placed, defaults)
-        fixed = placement.fixed_range
-        if fixed is not None:  # a fixed output range (AIMET HTP configs: Softmax, Sigmoid): never recalibrated
-            for q in module.output_quantizers:
+            module.output_quantizers[i] = build_quantizer(placed, defaults) if isinstance(placed, Placed) else None
+        if placement.fixed_range is not None:
+            for i, q in enumerate(module.output_quantizers):
                 if q is not None:
-                    q.set_range(*fixed) if isinstance(q, QuantizeDequantize) else q.set_range(max(map(abs, fixed)))
-                    q.allow_overwrite(False)
+                    module.output_quantizers[i] = fix_range(q, placement.fixed_range)
+    owners = dict(modules)
+    for name, module in modules:  # slots that hold another module's quantizer (AIMET's encoding propagation)
+        placement = placements[name]
+        for slots, placed_slots in ((module.input_quantizers, placement.inputs),
+                                    (module.output_quantizers, placement.outputs)):
+            for i, placed in enumerate(placed_slots):
+                if isinstance(placed, Shared):
+                    slots[i] = owners[placed.module].output_quantizers[placed.index]
     device = next((p.device for p in model.parameters()), None)
     if device is not None:
         for q in model.modules():
             if isinstance(q, QuantizerBase):
                 q.to(device)
+
+
+def fix_range(q: QuantizerBase, fixed: tuple[float | None, float | None]) -> QuantizerBase:
+    """``q`` with the ends of its range that ``fixed`` gives (the config's ``encoding_constraints``, ``None``:
+    calibrated as usual) set and never recalibrated; returns ``q`` or the quantizer that replaces it.
+
+    As in AIMET: a range symmetric about zero (``min == -max``) makes the quantizer symmetric, on the grid it
+    has; the fixed ends are not trained. Unlike AIMET, a symmetric quantizer given a range not centred on
+    zero (``[0, 1]`` for a Sigmoid, with an eNPU config's symmetric activations) gets the symmetric range that
+    covers it (``[-128/127, 1]`` at 8 bits) instead of the range's width centred on zero (AIMET's
+    ``[-0.502, 0.498]``, which clips every output above one half), and a symmetric quantizer ignores a lone
+    fixed end (its grid holds zero; AIMET's again clips half the range). A float quantizer takes both ends
+    only (``maxval`` = the larger magnitude).
+    """
+    lo, hi = fixed
+    if not isinstance(q, QuantizeDequantize):
+        if lo is not None and hi is not None:
+            q.set_range(max(abs(lo), abs(hi)))  # type: ignore[attr-defined]
+            q.allow_overwrite(False)
+        return q
+    if lo is not None and hi is not None and math.isclose(lo, -hi, rel_tol=1e-5, abs_tol=1e-8) and not q.symmetric:
+        grid = q.grid
+        learns = q.min.requires_grad
+        q = QuantizeDequantize(q.shape, symmetric=True, encoding_analyzer=q.encoding_analyzer,
+                               block_size=q.block_size, qmin=grid.qmin, qmax=grid.qmax)
+        q.min.requires_grad_(learns)
+        q.max.requires_grad_(learns)
+    if q.symmetric:
+        if lo is None or hi is None:
+            return q
+        if not math.isclose(lo, -hi, rel_tol=1e-5, abs_tol=1e-8):
+            lo, hi = (float(v) for v in calibrated_range(torch.tensor(lo), torch.tensor(hi), q.grid.num_steps, True))
+    with torch.no_grad():
+        if lo is not None and hi is not None:
+            q.set_range(lo, hi)
+        else:  # one end now, the other from MinMax calibration (AIMET's scheme for a constrained quantizer)
+            (q.min if lo is not None else q.max).fill_(lo if lo is not None else hi)
+            q.encoding_analyzer = MinMaxEncodingAnalyzer(q.shape, q.block_size)
+    q.allow_overwrite(min=lo is None, max=hi is None)
+    q.min.requires_grad_(q.min.requires_grad and lo is None)
+    q.max.requires_grad_(q.max.requires_grad and hi is None)
+    return q
 
 
 def fold_params(modules: Iterable[tuple[str, QuantizationMixin]], hint: str) -> None:

@@ -8,8 +8,8 @@
 >>> sim = QuantizationSimModel(model, x, quant_scheme="min_max", default_param_bw=8, default_output_bw=8)
 >>> sim.compute_encodings(lambda m: m(x), progress=False)
 >>> y = sim.model(x)                       # fake-quantized forward, same inputs as the model
->>> sorted(name for name, _ in sim.named_quantizers())[:3]
-['0.param_quantizers.weight', '1.output_quantizers.0', '2.output_quantizers.0']
+>>> sorted(name for name, _ in sim.named_quantizers())[:3]   # the model input is quantized, as in AIMET
+['0.input_quantizers.0', '0.param_quantizers.weight', '1.output_quantizers.0']
 >>> sim.model.get_submodule("0").output_quantizers[0] is None   # Linear -> ReLU supergroup: one output quantizer
 True
 """
@@ -155,7 +155,8 @@ class QuantizationSimModel:
             if owner not in self.unquantized_modules:
                 self.unquantized_modules.append(owner)
         modules = list(self.quantized_modules())
-        placements = place(self.config, self.model, modules, self._prepared.graph, self._prepared.param_inputs)
+        placements = place(self.config, self.model, modules, self._prepared.graph, self._prepared.param_inputs,
+                           output_bw=self.default_output_bw, param_bw=self.default_param_bw)
         construction.install(self.model, modules, placements, construction.QuantizerDefaults(
             self.default_output_bw, self.default_param_bw, self.default_data_type, self.quant_scheme,
             self.param_quant_scheme, self._percentile))
@@ -297,7 +298,18 @@ class QuantizationSimModel:
                 q.check_state(local)
             except (ValueError, TypeError) as e:
                 raise type(e)(f"state_dict: quantizer {name}: {e}") from None
-        self.model.load_state_dict({k: v for k, v in state_dict.items() if k in own}, strict=False)
+        state = {k: v for k, v in state_dict.items() if k in own}
+        # A shared quantizer (AIMET's encoding propagation) sits under several module paths and torch loads it
+        # once per path: give every path its entries, or a path without them resets what another one set.
+        paths: dict[int, list[str]] = {}
+        for path, module in self.model.named_modules(remove_duplicate=False):
+            paths.setdefault(id(module), []).append(path)
+        for name, q in self.named_quantizers():
+            local = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(f"{name}.")}
+            for alias in paths.get(id(q), ()):
+                if alias != name:
+                    state.update({f"{alias}.{k}": v for k, v in local.items()})
+        self.model.load_state_dict(state, strict=False)
 
     def set_percentile_value(self, percentile: float) -> None:
         """Percentile used by the PERCENTILE scheme (in [50, 100]); applies to existing quantizers."""
@@ -341,9 +353,17 @@ class QuantizationSimModel:
         when known). Quantizers that saw no input keep their encoding and are named
         in one RuntimeWarning. Under ``torch.distributed``, statistics are reduced
         across ranks, so every rank gets the same encodings.
+
+        As in AIMET 2.42, activation quantizers observe but do not quantize during these passes (each op
+        sees float inputs, computed with quantized parameters), so each activation's range is that of the
+        float activation; one whose range is fixed (``encoding_constraints``) quantizes with it.
+        :meth:`compute_encodings_sequential` calibrates on quantized inputs instead.
         """
+        activations = [q for m in self.model.modules() if isinstance(m, QuantizationMixin)  # a fixed range
+                       for q in (*m.input_quantizers, *m.output_quantizers) if q is not None and q._allow_overwrite]
         calibrate.compute_encodings(self.model, self.named_quantizers(), forward_pass_callback,
-                                    forward_pass_callback_args, progress=progress, total=total)
+                                    forward_pass_callback_args, progress=progress, total=total,
+                                    passthrough=activations)
 
     def compute_encodings_sequential(self, batches: Iterable[Any], *, progress: bool = True) -> None:
         """Calibrate layer by layer: each op is calibrated on the outputs of the already-quantized ops before it.

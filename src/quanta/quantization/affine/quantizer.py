@@ -249,6 +249,45 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
         self.set_range(lo, hi)
 
     # -- calibration -------------------------------------------------------------
+    def allow_overwrite(self, mode: bool | None = None, *, min: bool | None = None, max: bool | None = None) -> None:
+        """Whether ``compute_encodings`` may overwrite the range: both ends (``mode``), or one end each.
+
+        With one end fixed (``allow_overwrite(min=False)``), calibration sets only the other end (AIMET's
+        ``encoding_constraints`` with one bound, e.g. a ReLU output's ``min = 0``).
+
+        >>> q = QuantizeDequantize(shape=(), bitwidth=8)
+        >>> q.set_range(0.0, 1.0)
+        >>> q.allow_overwrite(min=False)
+        >>> with q.compute_encodings():
+        ...     _ = q(torch.tensor([-3.0, 2.0]))
+        >>> q.min.item(), q.max.item()
+        (0.0, 2.0)
+        """
+        if mode is not None:
+            if min is not None or max is not None:
+                raise TypeError("allow_overwrite takes mode, or min=/max=, not both")
+            super().allow_overwrite(mode)
+            self._fixed_ends = frozenset() if mode else frozenset(("min", "max"))
+            return
+        fixed = set(getattr(self, "_fixed_ends", ()))
+        for end, allowed in (("min", min), ("max", max)):
+            if allowed is None:
+                continue
+            if not isinstance(allowed, bool):
+                raise TypeError(f"{end} must be a bool, got {allowed!r}")
+            fixed.discard(end) if allowed else fixed.add(end)
+        self._fixed_ends = frozenset(fixed)
+        super().allow_overwrite(len(fixed) < 2)
+
+    def is_overwrite_allowed(self, name: str | None = None) -> bool:
+        """Whether calibration may overwrite ``name`` (``"min"`` or ``"max"``), or either end (``None``)."""
+        fixed = getattr(self, "_fixed_ends", frozenset())
+        if name is None:
+            return len(fixed) < 2
+        if name not in ("min", "max"):
+            raise ValueError(f"name must be 'min', 'max' or None, got {name!r}")
+        return name not in fixed
+
     def _reset_statistics(self) -> None:
         self.encoding_analyzer.reset_stats()
 
@@ -262,7 +301,8 @@ class AffineQuantizerBase(GridProperties, QuantizerBase):
                 stacklevel=4,
             )
             return
-        self.set_range(lo, hi)
+        fixed = getattr(self, "_fixed_ends", frozenset())
+        self.set_range(None if "min" in fixed else lo, None if "max" in fixed else hi)
 
     @contextlib.contextmanager
     def _batch_range(self, x: torch.Tensor):
