@@ -268,8 +268,8 @@ QUANTA_AVX2 inline void chunk_avx2(const Int4Rows& src, int64_t n, int64_t c, __
 }
 
 template <typename Src, int R, int MB>
-QUANTA_AVX2 void block_avx2(const Src& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
-                            float* out) {
+QUANTA_AVX2 void block_avx2_pass(const Src& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
+                                 float* out) {
   __m256 lo[R * MB], hi[R * MB];
   for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
   for (int64_t c = 0; c < nchunks; ++c) {
@@ -290,6 +290,69 @@ QUANTA_AVX2 void block_avx2(const Src& src, const int64_t* rows, const float* co
     for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
     for (int i = 0; i < 2; ++i) t2[i] = t4[i] + t4[i + 2];
     out[j] = t2[0] + t2[1];
+  }
+}
+
+// int4: as block_avx2_pass, with each row's (scale, zero) broadcast once per group instead of once per chunk
+// (the same values, so the same weights and bits).
+template <int R, int MB>
+QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, const float* const* xr,
+                                      int64_t nchunks, float* out) {
+  __m256 lo[R * MB], hi[R * MB], s[R], z[R];
+  for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+  const __m256 eight = _mm256_set1_ps(8.0f);
+  const __m128i nibble = _mm_set1_epi8(15);
+  int64_t group = -1;
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t g = std::min<int64_t>((16 * c) >> src.gshift, src.ngroups - 1);
+    if (g != group) {
+      group = g;
+      for (int r = 0; r < R; ++r) {
+        const uint32_t bits = src.sz_bits(rows[r], 16 * c);
+        s[r] = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)));
+        z[r] = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits >> 16)));
+      }
+    }
+    const int q = static_cast<int>(c % 4);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = src.p + rows[r] * src.row_bytes + (c / 4) * 32;
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q % 2) * 16));
+      if (q >= 2) b = _mm_srli_epi16(b, 4);
+      b = _mm_and_si128(b, nibble);
+      const __m256 cl = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), eight);
+      const __m256 ch = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), eight);
+      const __m256 wl = _mm256_fmadd_ps(cl, s[r], z[r]);
+      const __m256 wh = _mm256_fmadd_ps(ch, s[r], z[r]);
+      for (int m = 0; m < MB; ++m) {
+        const float* x = xr[m] + 16 * c;
+        lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
+        hi[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), wh, hi[r * MB + m]);
+      }
+    }
+  }
+  for (int j = 0; j < R * MB; ++j) {
+    alignas(32) float t8[8];
+    _mm256_store_ps(t8, _mm256_add_ps(lo[j], hi[j]));
+    float t4[4], t2[2];
+    for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+    for (int i = 0; i < 2; ++i) t2[i] = t4[i] + t4[i + 2];
+    out[j] = t2[0] + t2[1];
+  }
+}
+
+// AVX2 has 16 vector registers: a pass keeps at most 8 accumulators (2 per output), so R rows run as passes of
+// RS rows over the whole of K. Each output's lanes still accumulate over c in increasing order: the same bits.
+template <typename Src, int R, int MB>
+QUANTA_AVX2 void block_avx2(const Src& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
+                            float* out) {
+  constexpr int RS = MB >= 4 ? 1 : (4 / MB < R ? 4 / MB : R);
+  static_assert(R % RS == 0, "rows per block must be a multiple of rows per pass");
+  for (int r0 = 0; r0 < R; r0 += RS) {
+    if constexpr (std::is_same<Src, Int4Rows>::value) {
+      block_avx2_pass_int4<RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
+    } else {
+      block_avx2_pass<Src, RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
+    }
   }
 }
 
