@@ -267,6 +267,16 @@ QUANTA_AVX2 inline void chunk_avx2(const Int4Rows& src, int64_t n, int64_t c, __
   hi = _mm256_fmadd_ps(ch, s, z);
 }
 
+// The 16 lanes (lo: 0-7, hi: 8-15) added by the tree of the header comment.
+QUANTA_AVX2 inline float tree16_avx2(__m256 lo, __m256 hi) {
+  alignas(32) float t8[8];
+  _mm256_store_ps(t8, _mm256_add_ps(lo, hi));
+  float t4[4], t2[2];
+  for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+  for (int i = 0; i < 2; ++i) t2[i] = t4[i] + t4[i + 2];
+  return t2[0] + t2[1];
+}
+
 template <typename Src, int R, int MB>
 QUANTA_AVX2 void block_avx2_pass(const Src& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
                                  float* out) {
@@ -283,14 +293,7 @@ QUANTA_AVX2 void block_avx2_pass(const Src& src, const int64_t* rows, const floa
       }
     }
   }
-  for (int j = 0; j < R * MB; ++j) {
-    alignas(32) float t8[8];
-    _mm256_store_ps(t8, _mm256_add_ps(lo[j], hi[j]));
-    float t4[4], t2[2];
-    for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
-    for (int i = 0; i < 2; ++i) t2[i] = t4[i] + t4[i + 2];
-    out[j] = t2[0] + t2[1];
-  }
+  for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
 }
 
 // int4: as block_avx2_pass, with each row's (scale, zero) broadcast once per group instead of once per chunk
@@ -330,14 +333,7 @@ QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, 
       }
     }
   }
-  for (int j = 0; j < R * MB; ++j) {
-    alignas(32) float t8[8];
-    _mm256_store_ps(t8, _mm256_add_ps(lo[j], hi[j]));
-    float t4[4], t2[2];
-    for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
-    for (int i = 0; i < 2; ++i) t2[i] = t4[i] + t4[i + 2];
-    out[j] = t2[0] + t2[1];
-  }
+  for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
 }
 
 // AVX2 has 16 vector registers: a pass keeps at most 8 accumulators (2 per output), so R rows run as passes of
