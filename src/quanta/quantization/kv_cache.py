@@ -96,7 +96,7 @@ class _Int8States:
         b, h, _, d = self.codes.shape
         if dtype is None:
             return b * h * self.length * (d + 4)
-        return b * h * self.length * d * torch.empty((), dtype=dtype).element_size()
+        return b * h * self.length * d * dtype.itemsize
 
 
 class Int8KVLayer(DynamicLayer):
