@@ -251,22 +251,6 @@ QUANTA_AVX2 inline void chunk_avx2(const Int8Rows& src, int64_t n, int64_t c, __
   hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
 }
 
-QUANTA_AVX2 inline void chunk_avx2(const Int4Rows& src, int64_t n, int64_t c, __m256& lo, __m256& hi) {
-  const uint8_t* blk = src.p + n * src.row_bytes + (c / 4) * 32;
-  const int q = static_cast<int>(c % 4);
-  const uint32_t bits = src.sz_bits(n, 16 * c);
-  const __m256 s = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)));
-  const __m256 z = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits >> 16)));
-  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q % 2) * 16));
-  if (q >= 2) b = _mm_srli_epi16(b, 4);
-  b = _mm_and_si128(b, _mm_set1_epi8(15));
-  const __m256 eight = _mm256_set1_ps(8.0f);
-  const __m256 cl = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), eight);
-  const __m256 ch = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), eight);
-  lo = _mm256_fmadd_ps(cl, s, z);
-  hi = _mm256_fmadd_ps(ch, s, z);
-}
-
 // The 16 lanes (lo: 0-7, hi: 8-15) added by the tree of the header comment.
 QUANTA_AVX2 inline float tree16_avx2(__m256 lo, __m256 hi) {
   alignas(32) float t8[8];
@@ -277,27 +261,7 @@ QUANTA_AVX2 inline float tree16_avx2(__m256 lo, __m256 hi) {
   return t2[0] + t2[1];
 }
 
-template <typename Src, int R, int MB>
-QUANTA_AVX2 void block_avx2_pass(const Src& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
-                                 float* out) {
-  __m256 lo[R * MB], hi[R * MB];
-  for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < nchunks; ++c) {
-    for (int r = 0; r < R; ++r) {
-      __m256 wl, wh;
-      chunk_avx2(src, rows[r], c, wl, wh);
-      for (int m = 0; m < MB; ++m) {
-        const float* x = xr[m] + 16 * c;
-        lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
-        hi[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), wh, hi[r * MB + m]);
-      }
-    }
-  }
-  for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
-}
-
-// int4: as block_avx2_pass, with each row's (scale, zero) broadcast once per group instead of once per chunk
-// (the same values, so the same weights and bits).
+// int4, any group size (16 included): chunk by chunk, each row's (scale, zero) broadcast once per group.
 template <int R, int MB>
 QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, const float* const* xr,
                                       int64_t nchunks, float* out) {
@@ -336,18 +300,142 @@ QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, 
   for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
 }
 
+// int8, whole chunks: each 8-byte half sign-extended straight from memory (vpmovsxbd ymm, m64), no shuffles; the
+// last, partial chunk (K not a multiple of 16) goes through chunk_avx2's zero-padded copy. Same weights, same
+// order, so the same bits as the portable path. The row and activation-row loops are unrolled by pragma: GCC
+// leaves them rolled under a target attribute, and the accumulator arrays then live on the stack (a store and a
+// load per fma; 1.6x slower measured).
+template <int R, int MB>
+QUANTA_AVX2 void block_avx2_pass_int8(const Int8Rows& src, const int64_t* rows, const float* const* xr,
+                                      int64_t nchunks, float* out) {
+  __m256 lo[R * MB], hi[R * MB];
+  for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+  const int8_t* rp[R];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) rp[r] = src.w + rows[r] * src.K;
+  const int64_t full = std::min<int64_t>(nchunks, src.K / 16);
+  for (int64_t c = 0; c < full; ++c) {
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const int8_t* p = rp[r] + 16 * c;
+      const __m256 wl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+      const __m256 wh =
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
+      #pragma GCC unroll 16
+      for (int m = 0; m < MB; ++m) {
+        const float* x = xr[m] + 16 * c;
+        lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
+        hi[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), wh, hi[r * MB + m]);
+      }
+    }
+  }
+  for (int64_t c = full; c < nchunks; ++c) {
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      __m256 wl, wh;
+      chunk_avx2(src, rows[r], c, wl, wh);
+      #pragma GCC unroll 16
+      for (int m = 0; m < MB; ++m) {
+        const float* x = xr[m] + 16 * c;
+        lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
+        hi[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), wh, hi[r * MB + m]);
+      }
+    }
+  }
+  for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
+}
+
+// 8 codes (one per 32-bit lane, 0..15) -> fma(code - 8, s, z), the weights of the header comment.
+QUANTA_AVX2 inline __m256 dequant8_avx2(__m256i codes, __m256 s, __m256 z) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(codes, _mm256_set1_epi32(8))), s, z);
+}
+
+QUANTA_AVX2 inline void sz_avx2(const Int4Rows& src, int64_t n, int64_t k, __m256& s, __m256& z) {
+  const uint32_t bits = src.sz_bits(n, k);
+  s = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)));
+  z = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits >> 16)));
+}
+
+// acc(lo, hi)[m] += x[m][k .. k+15] * (wl, wh) for the MB activation rows.
+template <int MB>
+QUANTA_AVX2 __attribute__((always_inline)) inline void fma_chunk_avx2(const float* const* xr, int64_t k, __m256 wl,
+                                                                      __m256 wh, __m256* lo, __m256* hi) {
+  #pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m) {
+    lo[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k), wl, lo[m]);
+    hi[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k + 8), wh, hi[m]);
+  }
+}
+
+// int4 for groups of 32 or more, a 64-k block (32 bytes) at a time: the four 8-byte quarters are zero-extended
+// straight from memory into 32-bit lanes (vpmovzxbd ymm, m64), so that `& 15` gives the codes of chunks 0-1
+// (k 0..31 of the block) and `>> 4` those of chunks 2-3 (k 32..63), with no shuffles. Each accumulator still
+// takes chunks 0, 1, 2, 3 in order, with the same weights: the same bits as block_avx2_pass_int4.
+// SPLIT: groups of 32, k 32..63 of a block have their own (scale, zero).
+template <int R, int MB, bool SPLIT>
+QUANTA_AVX2 void block_avx2_pass_int4_b64(const Int4Rows& src, const int64_t* rows, const float* const* xr,
+                                          int64_t nchunks, float* out) {
+  __m256 lo[R * MB], hi[R * MB], sa[R], za[R], sb[R], zb[R];
+  for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+  const __m256i nibble = _mm256_set1_epi32(15);
+  const uint8_t* rp[R];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
+  int64_t group = -1;
+  const int64_t nblocks = nchunks / 4;  // the packed rows are padded to whole 64-k blocks
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t k0 = 64 * b;
+    const int64_t g = std::min<int64_t>(k0 >> src.gshift, src.ngroups - 1);
+    if (g != group) {
+      group = g;
+      #pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) sz_avx2(src, rows[r], k0, sa[r], za[r]);
+    }
+    if (SPLIT) {
+      #pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) sz_avx2(src, rows[r], k0 + 32, sb[r], zb[r]);
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = rp[r] + 32 * b;
+      const __m256 s0 = sa[r], z0 = za[r];
+      const __m256 s1 = SPLIT ? sb[r] : sa[r], z1 = SPLIT ? zb[r] : za[r];
+      // each pair of weight vectors is used as soon as it is made: 16 registers hold 8 accumulators at most
+      const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+      const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+      fma_chunk_avx2<MB>(xr, k0, dequant8_avx2(_mm256_and_si256(v0, nibble), s0, z0),
+                         dequant8_avx2(_mm256_and_si256(v1, nibble), s0, z0), lo + r * MB, hi + r * MB);
+      const __m256i v2 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16)));
+      const __m256i v3 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 24)));
+      fma_chunk_avx2<MB>(xr, k0 + 16, dequant8_avx2(_mm256_and_si256(v2, nibble), s0, z0),
+                         dequant8_avx2(_mm256_and_si256(v3, nibble), s0, z0), lo + r * MB, hi + r * MB);
+      fma_chunk_avx2<MB>(xr, k0 + 32, dequant8_avx2(_mm256_srli_epi32(v0, 4), s1, z1),
+                         dequant8_avx2(_mm256_srli_epi32(v1, 4), s1, z1), lo + r * MB, hi + r * MB);
+      fma_chunk_avx2<MB>(xr, k0 + 48, dequant8_avx2(_mm256_srli_epi32(v2, 4), s1, z1),
+                         dequant8_avx2(_mm256_srli_epi32(v3, 4), s1, z1), lo + r * MB, hi + r * MB);
+    }
+  }
+  for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
+}
+
 // AVX2 has 16 vector registers: a pass keeps at most 8 accumulators (2 per output), so R rows run as passes of
 // RS rows over the whole of K. Each output's lanes still accumulate over c in increasing order: the same bits.
 template <typename Src, int R, int MB>
 QUANTA_AVX2 void block_avx2(const Src& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
                             float* out) {
-  constexpr int RS = MB >= 4 ? 1 : (4 / MB < R ? 4 / MB : R);
+  constexpr int RS = std::is_same<Src, Int4Rows>::value ? (MB >= 2 ? 1 : 2) : (MB >= 4 ? 1 : (4 / MB < R ? 4 / MB : R));
   static_assert(R % RS == 0, "rows per block must be a multiple of rows per pass");
   for (int r0 = 0; r0 < R; r0 += RS) {
     if constexpr (std::is_same<Src, Int4Rows>::value) {
-      block_avx2_pass_int4<RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
+      if (src.group == 32) {
+        block_avx2_pass_int4_b64<RS, MB, true>(src, rows + r0, xr, nchunks, out + r0 * MB);
+      } else if (src.group >= 64) {
+        block_avx2_pass_int4_b64<RS, MB, false>(src, rows + r0, xr, nchunks, out + r0 * MB);
+      } else {
+        block_avx2_pass_int4<RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
+      }
     } else {
-      block_avx2_pass<Src, RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
+      block_avx2_pass_int8<RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
     }
   }
 }
