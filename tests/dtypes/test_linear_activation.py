@@ -153,8 +153,9 @@ def test_col_sums_and_bytes():
     asym = LinearActivationQuantizedTensor(w, ASYM)
     assert torch.equal(asym.weight_col_sums, codes.to(torch.int32).sum(1))
     assert asym.storage_nbytes == w.storage_nbytes + N * 4
-    sym = LinearActivationQuantizedTensor(w, SYM)
-    assert sym.storage_nbytes == w.storage_nbytes
+    sym = LinearActivationQuantizedTensor(w, SYM)  # the native kernel needs them for symmetric activations too
+    assert torch.equal(sym.weight_col_sums, asym.weight_col_sums)
+    assert sym.storage_nbytes == w.storage_nbytes + N * 4
 
 
 def test_copy_between_matching_tensors_updates_everything():

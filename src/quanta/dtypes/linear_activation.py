@@ -79,7 +79,9 @@ class LinearActivationQuantizedTensor(torch.Tensor):
         check_int8_dynamic_weight(original_weight_tensor)
         self.original_weight_tensor = original_weight_tensor
         self.act_mapping_type = act_mapping_type
-        if weight_col_sums is None and act_mapping_type is MappingType.ASYMMETRIC:
+        # the native kernel needs them for either mapping. Computed here, once: the kernel's own cache cannot keep
+        # them, since below autograd int_data.t() is a fresh tensor on every call, not a view it recognises.
+        if weight_col_sums is None:
             weight_col_sums = int8_weight_col_sums(original_weight_tensor.tensor_impl.int_data)
         self.weight_col_sums = weight_col_sums
         self.transposed = transposed  # set by t(): F.linear reaches mm(x, w.t())
