@@ -43,12 +43,34 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from quanta.nn.base import eval_mode
 
-__all__ = ["fold_all_batch_norms"]
+__all__ = ["FoldedPair", "fold_all_batch_norms"]
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _CONV_T = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _LAYERS = (*_CONV, *_CONV_T, nn.Linear)
 _BNS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+class FoldedPair(tuple):
+    """A folded ``(layer, bn)`` pair, as AIMET returns it, that also says where the BatchNorm sat.
+
+    ``bn_follows_layer`` is True for layer → BN (the BN normalised the layer's
+    output, so its ``weight``/``bias`` describe that output: what high-bias
+    absorption needs) and False for BN → layer.
+
+    >>> from torch import nn
+    >>> pair = FoldedPair(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2), bn_follows_layer=True)
+    >>> layer, bn = pair
+    >>> type(layer).__name__, pair.bn_follows_layer
+    ('Conv2d', True)
+    """
+
+    bn_follows_layer: bool
+
+    def __new__(cls, layer: nn.Module, bn: nn.Module, bn_follows_layer: bool) -> "FoldedPair":
+        pair = super().__new__(cls, (layer, bn))
+        pair.bn_follows_layer = bn_follows_layer
+        return pair
 
 
 def _inputs(input_shapes: Any, dummy_input: Any, device: torch.device) -> tuple:
@@ -201,7 +223,9 @@ def fold_all_batch_norms(model: nn.Module, input_shapes: Sequence[int] | Sequenc
 
     Returns:
         ``(layer, bn)`` pairs, as in AIMET, for both fold directions; each ``bn``
-        is the removed BatchNorm module (now ``nn.Identity`` in ``model``).
+        is the removed BatchNorm module (now ``nn.Identity`` in ``model``). Each
+        pair is a :class:`FoldedPair`, whose ``bn_follows_layer`` tells the two
+        directions apart.
 
     Raises TypeError without inputs or for a model torch.fx cannot trace,
     ValueError for malformed ``input_shapes``, RuntimeError (with the model
@@ -226,10 +250,10 @@ def fold_all_batch_norms(model: nn.Module, input_shapes: Sequence[int] | Sequenc
     pairs: list[tuple[nn.Module, nn.Module]] = []
     for layer_name, bn_name in backward:
         _fold_backward(modules[layer_name], modules[bn_name])
-        pairs.append((modules[layer_name], modules[bn_name]))
+        pairs.append(FoldedPair(modules[layer_name], modules[bn_name], bn_follows_layer=True))
     for bn_name, layer_name in forward:
         _fold_forward(modules[bn_name], modules[layer_name])
-        pairs.append((modules[layer_name], modules[bn_name]))
+        pairs.append(FoldedPair(modules[layer_name], modules[bn_name], bn_follows_layer=False))
     bn_names = [bn for _, bn in backward] + [bn for bn, _ in forward]
     for name in bn_names:
         _replace(model, name, nn.Identity())

@@ -1,0 +1,66 @@
+"""quanta's ``equalize_model`` against aimet-torch 2.42's on the same depthwise-separable networks.
+
+``aimet_cle.json`` is written by ``generate_aimet_cle.py`` (run it in a venv with aimet-torch); the models are
+rebuilt here by that script's own ``build`` (plain torch, same seeds). Every equalized convolution weight and bias
+must match AIMET's to float32 rounding: the scale factors, the depthwise triples, the high-bias absorption through
+ReLU and the BN fold are the same computation; with ReLU6 (not scale-equivariant) only the BN fold happens.
+AIMET also absorbs biases into zero-padded layers, which quanta does only with ``absorb_through_padding=True`` (its
+default leaves those biases where they are; see ``quanta.quantsim.cross_layer_equalization``).
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import pathlib
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from quanta.cross_layer_equalization import equalize_model
+
+HERE = pathlib.Path(__file__).parent
+GOLDEN = json.loads((HERE / "aimet_cle.json").read_text())
+_spec = importlib.util.spec_from_file_location("generate_aimet_cle", HERE / "generate_aimet_cle.py")
+generator = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generator)
+
+
+def _unpack(s: str, like: torch.Tensor) -> torch.Tensor:
+    raw = zlib.decompress(base64.b64decode(s))
+    return torch.from_numpy(np.frombuffer(raw, dtype=np.float32).copy()).reshape(like.shape)
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN["cases"]))
+def test_equalize_model_matches_aimet(name):
+    case = GOLDEN["cases"][name]
+    model = generator.build(case["seed"], case["activation"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        equalize_model(model, input_shapes=tuple(case["input_shape"]), absorb_through_padding=True)
+    assert any("ReLU6" in str(w.message) for w in caught) == (case["activation"] == "ReLU6")
+    convs = generator.convs(model)
+    assert len(convs) == len(case["weights"])
+    for i, conv in enumerate(convs):
+        torch.testing.assert_close(conv.weight.detach(), _unpack(case["weights"][i], conv.weight), rtol=2e-6,
+                                   atol=1e-7, msg=lambda m, i=i: f"conv {i} weight: {m}")
+        torch.testing.assert_close(conv.bias.detach(), _unpack(case["biases"][i], conv.bias), rtol=2e-6,
+                                   atol=1e-6, msg=lambda m, i=i: f"conv {i} bias: {m}")
+
+
+def test_default_departs_from_aimet_only_on_padded_layers():
+    case = GOLDEN["cases"]["mobilenet_style_0"]
+    model = generator.build(case["seed"], case["activation"])
+    equalize_model(model, input_shapes=tuple(case["input_shape"]))
+    for i, conv in enumerate(generator.convs(model)):
+        # every weight is AIMET's (scaling is the same); biases differ only around the padded depthwise layers
+        torch.testing.assert_close(conv.weight.detach(), _unpack(case["weights"][i], conv.weight), rtol=2e-6, atol=1e-7)
+    biases_equal = [torch.allclose(c.bias.detach(), _unpack(case["biases"][i], c.bias), rtol=2e-6, atol=1e-6)
+                    for i, c in enumerate(generator.convs(model))]
+    assert not all(biases_equal)
+    # the last layer's input is the 1x1 projection's output: unpadded, absorbed as AIMET does
+    assert biases_equal[-1]
