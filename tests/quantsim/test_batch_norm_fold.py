@@ -234,7 +234,7 @@ def test_untraceable_model_is_a_clear_error_and_left_unchanged():
             return self.a(x)
 
     model = Branchy().eval()
-    with pytest.raises(TypeError, match="could not trace Branchy"):
+    with pytest.raises(TypeError, match="could not capture Branchy"):
         fold_all_batch_norms(model, input_shapes=(2, 4))
     assert isinstance(model.bn, nn.BatchNorm1d)
 

@@ -129,7 +129,8 @@ def test_sets_follow_aimets_chain_rules():
         nn.Conv2d(8, 8, 3, groups=2, padding=1),  # grouped, not depthwise: breaks the chain
         nn.Conv2d(8, 8, 3, groups=8, padding=1), nn.Conv2d(8, 4, 1),  # depthwise -> conv
         nn.Flatten(), nn.Linear(4 * 36, 3)).eval()  # Linear is not part of CLE (as in AIMET)
-    sets = _find_cls_sets(model, (torch.randn(1, 3, 6, 6),))
+    sets, padded = _find_cls_sets(model, (torch.randn(1, 3, 6, 6),))
+    assert padded == set()
     named = {id(m): i for i, m in enumerate(model)}
     assert [tuple(named[id(m)] for m in layers) for layers, _ in sets] == [(0, 2), (2, 3, 5), (7, 8)]
     assert [relus for _, relus in sets] == [(True,), (False, True), (False,)]
@@ -303,3 +304,29 @@ def test_aimet_import_path():
     from quanta.cross_layer_equalization import equalize_model as eq
 
     assert eq is equalize_model and Info is ClsSetInfo and fold is fold_all_batch_norms
+
+
+def test_zero_padding_between_layers_is_scaled_through_but_not_absorbed_across():
+    """Hugging Face's TF-style padding: an explicit pad by zeros before a convolution."""
+
+    class Padded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.bn, self.act = nn.Conv2d(3, 6, 1), nn.BatchNorm2d(6), nn.ReLU()
+            self.b = nn.Conv2d(6, 4, 3)
+
+        def forward(self, x):
+            return self.b(nn.functional.pad(self.act(self.bn(self.a(x))), (1, 1, 1, 1)))
+
+    model = Padded().eval()
+    with torch.no_grad():
+        model.bn.bias.fill_(5.0)
+    _spread_channels(model.a, 0)
+    x = torch.randn(2, 3, 6, 6, generator=_gen(7))
+    before = model(x).detach()
+    folded = fold_all_batch_norms(model, dummy_input=x)
+    infos = equalize_bn_folded_model(model, None, folded, dummy_input=x, absorb_through_padding=True)
+    pair = infos[0].cls_pair_info_list[0]
+    assert pair.layer2 is model.b and pair.zero_padding_between_layers
+    torch.testing.assert_close(_range_out(model.a), _range_in(model.b), rtol=1e-5, atol=0)  # scaled
+    torch.testing.assert_close(model(x), before, rtol=1e-4, atol=1e-4)  # and nothing absorbed across the pad

@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.passes.shape_prop import ShapeProp
 
 from quanta.nn.base import eval_mode
 
@@ -106,17 +105,45 @@ def _forward_foldable(layer: nn.Module, bn_input_dims: int | None) -> bool:
     return False
 
 
-def _find_pairs(model: nn.Module, args: tuple) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """``(layer → BN pairs, BN → layer pairs)`` as module names, from a torch.fx trace of ``model``."""
-    from quanta.quantsim.preparer import (
-        fx_trace,  # the preparer's tracer: nn modules stay leaves
-    )
+def module_call_graph(model: nn.Module, args: tuple, who: str) -> fx.Graph:
+    """A graph of ``model`` whose ``call_module`` nodes name ``model``'s own modules, from quanta's capture
+    (torch.export, then torch.fx: :func:`~quanta.quantsim.capture.prepare_model`, which lifts Conv, BatchNorm,
+    activation... calls back to the model's module objects under their names). TypeError, naming ``who``, if
+    neither captures the model."""
+    from quanta.quantsim.capture import prepare_model  # capture imports this module's package
 
-    gm = fx_trace(model, args)
-    with eval_mode(gm), torch.no_grad():
-        ShapeProp(gm).propagate(*args)
+    prepared = prepare_model(model, args)
+    if not prepared.traced:
+        raise TypeError(f"{who} could not capture {type(model).__name__} ({prepared.trace_error}); "
+                        "nothing was changed")
+    return prepared.graph
+
+
+def _input_ranks(model: nn.Module, args: tuple, kinds: tuple) -> dict[str, int]:
+    """The rank of the (first) input each module of ``kinds`` receives in one eval-mode run on ``args``."""
+    ranks: dict[str, int] = {}
+
+    def record(name: str, inputs: tuple) -> None:  # returns None: a pre-hook's return value replaces the inputs
+        if inputs and isinstance(inputs[0], torch.Tensor):
+            ranks.setdefault(name, inputs[0].dim())
+
+    hooks = [m.register_forward_pre_hook(lambda _, inputs, name=name: record(name, inputs))
+             for name, m in model.named_modules() if isinstance(m, kinds)]
+    try:
+        with eval_mode(model), torch.no_grad():
+            model(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    return ranks
+
+
+def _find_pairs(model: nn.Module, args: tuple) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(layer → BN pairs, BN → layer pairs)`` as module names, from quanta's capture of ``model``."""
+    graph = module_call_graph(model, args, "fold_all_batch_norms()")
+    bn_input_ranks = _input_ranks(model, args, _BNS)
     calls: dict[str, int] = {}
-    for node in gm.graph.nodes:
+    for node in graph.nodes:
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
     modules = dict(model.named_modules())
@@ -133,21 +160,19 @@ def _find_pairs(model: nn.Module, args: tuple) -> tuple[list[tuple[str, str]], l
         return None
 
     backward, forward, used = [], [], set()
-    for node in gm.graph.nodes:  # layer -> BN first: it always applies (AIMET's order too)
+    for node in graph.nodes:  # layer -> BN first: it always applies (AIMET's order too)
         bn, src = module(node), node.args[0] if node.args else None
         if _foldable_bn(bn) and len(node.args) == 1 and isinstance(module(src), _LAYERS) and len(src.users) == 1:
             backward.append((src.target, node.target))
             used.add(node.target)
-    for node in gm.graph.nodes:
+    for node in graph.nodes:
         layer, src = module(node), node.args[0] if node.args else None
         if not isinstance(layer, _LAYERS) or len(node.args) != 1 or node.kwargs:
             continue
         bn = module(src)
         if not _foldable_bn(bn) or src.target in used or len(src.users) != 1:
             continue
-        meta = src.args[0].meta.get("tensor_meta") if isinstance(src.args[0], fx.Node) else None
-        dims = len(meta.shape) if meta is not None and hasattr(meta, "shape") else None
-        if _forward_foldable(layer, dims):
+        if _forward_foldable(layer, bn_input_ranks.get(src.target)):
             forward.append((src.target, node.target))
             used.add(src.target)
     return backward, forward
@@ -227,7 +252,7 @@ def fold_all_batch_norms(model: nn.Module, input_shapes: Sequence[int] | Sequenc
         pair is a :class:`FoldedPair`, whose ``bn_follows_layer`` tells the two
         directions apart.
 
-    Raises TypeError without inputs or for a model torch.fx cannot trace,
+    Raises TypeError without inputs or for a model neither torch.export nor torch.fx captures,
     ValueError for malformed ``input_shapes``, RuntimeError (with the model
     restored) if the folded model does not reproduce the original outputs.
     """
@@ -235,11 +260,7 @@ def fold_all_batch_norms(model: nn.Module, input_shapes: Sequence[int] | Sequenc
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     args = _inputs(input_shapes, dummy_input, device)
-    try:
-        backward, forward = _find_pairs(model, args)
-    except Exception as e:
-        raise TypeError(f"fold_all_batch_norms() could not trace {type(model).__name__} with torch.fx "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); nothing was folded") from e
+    backward, forward = _find_pairs(model, args)
     if not backward and not forward:
         return []
     modules = dict(model.named_modules())

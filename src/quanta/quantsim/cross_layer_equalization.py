@@ -40,7 +40,11 @@ which changes the model: do that yourself first where accuracy allows). Layers a
 AIMET: Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, ungrouped or depthwise
 (``groups == in_channels == out_channels``); chains connected directly or
 through an ``nn.ReLU``/``nn.PReLU`` module (``nn.Identity`` modules, such as
-folded BatchNorms, are looked through), each output feeding only the next.
+folded BatchNorms, are looked through), each output feeding only the next. The
+graph is quanta's capture (torch.export, then torch.fx), so Hugging Face models
+are searched too; padding by zeros between two layers (Hugging Face's TF-style
+"same" padding is an explicit pad op) is looked through for scaling, which it
+commutes with, and never absorbed across (AIMET's search stops there).
 Cross-layer sets, as AIMET forms them from a chain: conv → conv, conv →
 depthwise → conv, depthwise → conv. A channel whose range is 0 in either layer
 keeps scale 1 (AIMET would divide by zero).
@@ -75,7 +79,7 @@ import torch
 from torch import fx, nn
 
 from quanta.nn.base import eval_mode
-from quanta.quantsim.batch_norm_fold import _inputs, _mismatch, _outputs, fold_all_batch_norms
+from quanta.quantsim.batch_norm_fold import _inputs, _mismatch, _outputs, fold_all_batch_norms, module_call_graph
 
 __all__ = [
     "ClsLayerType",
@@ -146,7 +150,9 @@ class ClsSetInfo:
         """Two consecutive scaled layers: ``layer1``'s output channel ``i`` was divided by ``scale_factor[i]``.
 
         ``relu_activation_between_layers`` is True when a ReLU/PReLU module sits
-        between them (high-bias absorption then keeps the 3σ part of the bias).
+        between them (high-bias absorption then keeps the 3σ part of the bias);
+        ``zero_padding_between_layers`` when a zero-padding op does (quanta
+        looks through those; no absorption across them).
         """
 
         def __init__(self, layer1: nn.Module, layer2: nn.Module, scale_factor: np.ndarray,
@@ -155,6 +161,7 @@ class ClsSetInfo:
             self.layer2 = layer2
             self.scale_factor = scale_factor
             self.relu_activation_between_layers = relu_activation_between_layers
+            self.zero_padding_between_layers = False  # set by scale_model: a pad op by zeros sits between
 
     def __init__(self, cls_pair_1: ClsSetLayerPairInfo, cls_pair_2: ClsSetLayerPairInfo | None = None) -> None:
         self.cls_pair_info_list = [cls_pair_1] if cls_pair_2 is None else [cls_pair_1, cls_pair_2]
@@ -245,15 +252,17 @@ class CrossLayerScaling:
     def scale_model(model: nn.Module, input_shapes: Any = None, dummy_input: Any = None) -> list[ClsSetInfo]:
         """Scale every cross-layer set of ``model`` (found from a torch.fx trace); the sets with their factors."""
         args = _model_inputs(model, input_shapes, dummy_input, "CrossLayerScaling.scale_model")
-        sets = _find_cls_sets(model, args)
+        sets, padded_inputs = _find_cls_sets(model, args)
         infos = []
         for layers, relus in sets:
             factors = CrossLayerScaling.scale_cls_set(layers)
-            if len(layers) == 3:
-                infos.append(ClsSetInfo(ClsSetInfo.ClsSetLayerPairInfo(layers[0], layers[1], factors[0], relus[0]),
-                                        ClsSetInfo.ClsSetLayerPairInfo(layers[1], layers[2], factors[1], relus[1])))
-            else:
-                infos.append(ClsSetInfo(ClsSetInfo.ClsSetLayerPairInfo(layers[0], layers[1], factors, relus[0])))
+            if len(layers) == 2:
+                factors = (factors,)
+            pairs = [ClsSetInfo.ClsSetLayerPairInfo(layers[k], layers[k + 1], factors[k], relus[k])
+                     for k in range(len(layers) - 1)]
+            for pair in pairs:
+                pair.zero_padding_between_layers = pair.layer2 in padded_inputs
+            infos.append(ClsSetInfo(*pairs))
         return infos
 
 
@@ -284,7 +293,8 @@ class HighBiasFold:
                     continue
                 if bn.weight is None or bn.bias is None:  # affine=False: β = 0, nothing to absorb
                     continue
-                if not absorb_through_padding and not _shift_reaches_every_output(pair.layer2):
+                if getattr(pair, "zero_padding_between_layers", False) or (
+                        not absorb_through_padding and not _shift_reaches_every_output(pair.layer2)):
                     continue
                 s = torch.as_tensor(np.asarray(pair.scale_factor), dtype=bn.bias.dtype, device=bn.bias.device)
                 beta, gamma = bn.bias.detach() / s, bn.weight.detach() / s
@@ -311,6 +321,26 @@ def _shift_reaches_every_output(layer: nn.Module) -> bool:
     return all(pad == 0 for pad in layer.padding)
 
 
+_PAD_TARGETS = (torch.ops.aten.pad.default, torch.ops.aten.constant_pad_nd.default, torch.nn.functional.pad)
+
+
+def _zero_padding(node: fx.Node, data: fx.Node) -> tuple[int, ...] | None:
+    """The pad amounts if ``node`` pads ``data`` with zeros (constant mode, value 0), else None."""
+    if node.op != "call_function" or node.target not in _PAD_TARGETS or not node.args or node.args[0] is not data:
+        return None
+    args = list(node.args[1:])
+    pads = args[0] if args else node.kwargs.get("pad")
+    mode = args[1] if len(args) > 1 else node.kwargs.get("mode", "constant")
+    value = args[2] if len(args) > 2 else node.kwargs.get("value", 0.0)
+    if node.target is torch.ops.aten.constant_pad_nd.default:
+        mode, value = "constant", (args[1] if len(args) > 1 else node.kwargs.get("value", 0.0))
+    if mode != "constant" or value not in (0, 0.0, None) or not isinstance(pads, (list, tuple)):
+        return None
+    if not all(isinstance(v, int) for v in pads):
+        return None
+    return tuple(pads)
+
+
 # ------------------------------------------------------------------------------------------------ graph search
 def _model_inputs(model: nn.Module, input_shapes: Any, dummy_input: Any, who: str) -> tuple:
     if not isinstance(model, nn.Module):
@@ -321,18 +351,13 @@ def _model_inputs(model: nn.Module, input_shapes: Any, dummy_input: Any, who: st
     return _inputs(input_shapes, dummy_input, device)
 
 
-def _find_cls_sets(model: nn.Module, args: tuple) -> list[tuple[tuple[nn.Module, ...], tuple[bool, ...]]]:
-    """Cross-layer sets in model order: ``(layers, relu between each consecutive two)``."""
-    from quanta.quantsim.preparer import fx_trace  # the preparer's tracer: nn modules stay leaves
-
-    try:
-        gm = fx_trace(model, args)
-    except Exception as e:
-        raise TypeError(f"cross-layer equalization could not trace {type(model).__name__} with torch.fx "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); nothing was changed"
-                        ) from e
+def _find_cls_sets(model: nn.Module, args: tuple
+                   ) -> tuple[list[tuple[tuple[nn.Module, ...], tuple[bool, ...]]], set[nn.Module]]:
+    """Cross-layer sets in model order, ``(layers, relu between each consecutive two)``, and the layers whose
+    input came through zero padding (no high-bias absorption into those)."""
+    graph = module_call_graph(model, args, "cross-layer equalization")
     calls: dict[str, int] = {}
-    for node in gm.graph.nodes:
+    for node in graph.nodes:
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
     modules = dict(model.named_modules())
@@ -350,36 +375,46 @@ def _find_cls_sets(model: nn.Module, args: tuple) -> list[tuple[tuple[nn.Module,
             return None
         return m if all(owners[id(p)] == 1 for p in m.parameters(recurse=False)) else None
 
+    padded = False  # whether the link being followed passed through zero padding
+
     def only_user(node: fx.Node) -> fx.Node | None:
-        """The one node that uses ``node``'s output, past any nn.Identity (a folded BatchNorm's place)."""
+        """The one node that uses ``node``'s output, past nn.Identity modules (a folded BatchNorm's place) and
+        zero-padding ops (Hugging Face's TF-style "same" padding: scaling commutes with padding by zeros)."""
+        nonlocal padded
         while len(node.users) == 1:
             user = next(iter(node.users))
-            if module_of(user, (nn.Identity,)) is None:
+            pads = _zero_padding(user, node)
+            if pads is not None:
+                padded = padded or any(pads)
+            elif module_of(user, (nn.Identity,)) is None:
                 return user
             node = user
         return None
 
-    def next_layer(node: fx.Node) -> tuple[fx.Node, bool] | None:
-        """The layer this layer's output reaches alone, directly or through one ReLU/PReLU module."""
-        relu, user = False, only_user(node)
+    def next_layer(node: fx.Node) -> tuple[fx.Node, bool, bool] | None:
+        """``(layer, relu between, zero padding between)``: the layer this layer's output reaches alone."""
+        nonlocal padded
+        padded, relu, user = False, False, only_user(node)
         if module_of(user, _CLS_ACTIVATIONS) is not None:
             relu, user = True, only_user(user)
-        return (user, relu) if module_of(user, _CLS_LAYERS) is not None else None
+        return (user, relu, padded) if module_of(user, _CLS_LAYERS) is not None else None
 
-    layer_nodes = [n for n in gm.graph.nodes if module_of(n, _CLS_LAYERS) is not None]
+    layer_nodes = [n for n in graph.nodes if module_of(n, _CLS_LAYERS) is not None]
     links = {n: next_layer(n) for n in layer_nodes}
     has_prev = {link[0] for link in links.values() if link is not None}
-    sets = []
+    sets, padded_inputs = [], set()
     for start in layer_nodes:
         if start in has_prev:
             continue
         chain, relus, node = [modules[start.target]], [], start
         while links.get(node) is not None:
-            node, relu = links[node]
+            node, relu, pad = links[node]
             chain.append(modules[node.target])
             relus.append(relu)
+            if pad:
+                padded_inputs.add(chain[-1])
         sets += _chain_to_cls_sets(chain, relus)
-    return sets
+    return sets, padded_inputs
 
 
 def _chain_to_cls_sets(chain: list[nn.Module], relus: list[bool]) -> list[tuple[tuple[nn.Module, ...], tuple]]:
@@ -439,7 +474,7 @@ def equalize_bn_folded_model(model: nn.Module, input_shapes: Any,
     Returns:
         The scaled sets (AIMET returns None; the list is there to look at).
 
-    Raises TypeError without inputs or for a model torch.fx cannot trace, and
+    Raises TypeError without inputs or for a model neither torch.export nor torch.fx captures, and
     RuntimeError (with the weights restored) if scaling changed the outputs.
     """
     args = _model_inputs(model, input_shapes, dummy_input, "equalize_bn_folded_model")
@@ -476,7 +511,7 @@ def equalize_model(model: nn.Module, input_shapes: Any = None, dummy_input: Any 
             reproducing aimet-torch's numbers exactly (see the module docstring:
             it moves every border output; off by default).
 
-    Raises TypeError without inputs or for a model torch.fx cannot trace,
+    Raises TypeError without inputs or for a model neither torch.export nor torch.fx captures,
     ValueError for malformed ``input_shapes``, and RuntimeError (weights
     restored) if scaling would change the model's outputs.
 
