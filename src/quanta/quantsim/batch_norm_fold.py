@@ -34,7 +34,7 @@ Identity()
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -119,6 +119,29 @@ def module_call_graph(model: nn.Module, args: tuple, who: str) -> fx.Graph:
     return prepared.graph
 
 
+def single_use_modules(model: nn.Module, graph: fx.Graph) -> Callable[[Any], nn.Module | None]:
+    """``node -> module``: the module of ``model`` a ``call_module`` node calls, if the graph calls it once and it
+    holds parameters of its own (tied weights are left alone); None for any other node."""
+    calls: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    modules = dict(model.named_modules())
+    owners: dict[int, int] = {}  # parameter -> how many modules hold it
+    for _, m in model.named_modules(remove_duplicate=False):
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+
+    def module(node: Any) -> nn.Module | None:
+        if isinstance(node, fx.Node) and node.op == "call_module" and calls[node.target] == 1:
+            m = modules.get(node.target)
+            if m is not None and all(owners[id(p)] == 1 for p in m.parameters(recurse=False)):
+                return m
+        return None
+
+    return module
+
+
 def _input_ranks(model: nn.Module, args: tuple, kinds: tuple) -> dict[str, int]:
     """The rank of the (first) input each module of ``kinds`` receives in one eval-mode run on ``args``."""
     ranks: dict[str, int] = {}
@@ -142,22 +165,7 @@ def _find_pairs(model: nn.Module, args: tuple) -> tuple[list[tuple[str, str]], l
     """``(layer → BN pairs, BN → layer pairs)`` as module names, from quanta's capture of ``model``."""
     graph = module_call_graph(model, args, "fold_all_batch_norms()")
     bn_input_ranks = _input_ranks(model, args, _BNS)
-    calls: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.op == "call_module":
-            calls[node.target] = calls.get(node.target, 0) + 1
-    modules = dict(model.named_modules())
-    owners: dict[int, int] = {}  # parameter -> how many modules hold it (tied weights are left alone)
-    for _, m in model.named_modules(remove_duplicate=False):
-        for p in m.parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
-
-    def module(node: Any) -> nn.Module | None:
-        if isinstance(node, fx.Node) and node.op == "call_module" and calls[node.target] == 1:
-            m = modules.get(node.target)
-            if m is not None and all(owners[id(p)] == 1 for p in m.parameters(recurse=False)):
-                return m
-        return None
+    module = single_use_modules(model, graph)
 
     backward, forward, used = [], [], set()
     for node in graph.nodes:  # layer -> BN first: it always applies (AIMET's order too)

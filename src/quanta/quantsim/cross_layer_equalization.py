@@ -79,7 +79,14 @@ import torch
 from torch import fx, nn
 
 from quanta.nn.base import eval_mode
-from quanta.quantsim.batch_norm_fold import _inputs, _mismatch, _outputs, fold_all_batch_norms, module_call_graph
+from quanta.quantsim.batch_norm_fold import (
+    _inputs,
+    _mismatch,
+    _outputs,
+    fold_all_batch_norms,
+    module_call_graph,
+    single_use_modules,
+)
 
 __all__ = [
     "ClsLayerType",
@@ -356,47 +363,34 @@ def _find_cls_sets(model: nn.Module, args: tuple
     """Cross-layer sets in model order, ``(layers, relu between each consecutive two)``, and the layers whose
     input came through zero padding (no high-bias absorption into those)."""
     graph = module_call_graph(model, args, "cross-layer equalization")
-    calls: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.op == "call_module":
-            calls[node.target] = calls.get(node.target, 0) + 1
-    modules = dict(model.named_modules())
-    owners: dict[int, int] = {}
-    for _, m in model.named_modules(remove_duplicate=False):
-        for p in m.parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
+    own = single_use_modules(model, graph)
 
     def module_of(node: Any, kinds: tuple) -> nn.Module | None:
-        """The module a node calls, if it is one of ``kinds``, called once, on one input, with its own parameters."""
-        if not (isinstance(node, fx.Node) and node.op == "call_module" and calls.get(node.target) == 1):
-            return None
-        m = modules.get(node.target)
-        if not isinstance(m, kinds) or len(node.args) != 1 or node.kwargs:
-            return None
-        return m if all(owners[id(p)] == 1 for p in m.parameters(recurse=False)) else None
+        """The module a node calls, if it is one of ``kinds``, used once, on one input, with its own parameters."""
+        m = own(node)
+        return m if isinstance(m, kinds) and len(node.args) == 1 and not node.kwargs else None
 
-    padded = False  # whether the link being followed passed through zero padding
-
-    def only_user(node: fx.Node) -> fx.Node | None:
+    def only_user(node: fx.Node) -> tuple[fx.Node | None, bool]:
         """The one node that uses ``node``'s output, past nn.Identity modules (a folded BatchNorm's place) and
-        zero-padding ops (Hugging Face's TF-style "same" padding: scaling commutes with padding by zeros)."""
-        nonlocal padded
+        zero-padding ops (Hugging Face's TF-style "same" padding: scaling commutes with padding by zeros), and
+        whether any of those ops padded."""
+        padded = False
         while len(node.users) == 1:
             user = next(iter(node.users))
             pads = _zero_padding(user, node)
             if pads is not None:
                 padded = padded or any(pads)
             elif module_of(user, (nn.Identity,)) is None:
-                return user
+                return user, padded
             node = user
-        return None
+        return None, padded
 
     def next_layer(node: fx.Node) -> tuple[fx.Node, bool, bool] | None:
         """``(layer, relu between, zero padding between)``: the layer this layer's output reaches alone."""
-        nonlocal padded
-        padded, relu, user = False, False, only_user(node)
+        relu, (user, padded) = False, only_user(node)
         if module_of(user, _CLS_ACTIVATIONS) is not None:
-            relu, user = True, only_user(user)
+            relu, (user, more) = True, only_user(user)
+            padded = padded or more
         return (user, relu, padded) if module_of(user, _CLS_LAYERS) is not None else None
 
     layer_nodes = [n for n in graph.nodes if module_of(n, _CLS_LAYERS) is not None]
@@ -406,10 +400,10 @@ def _find_cls_sets(model: nn.Module, args: tuple
     for start in layer_nodes:
         if start in has_prev:
             continue
-        chain, relus, node = [modules[start.target]], [], start
+        chain, relus, node = [own(start)], [], start
         while links.get(node) is not None:
             node, relu, pad = links[node]
-            chain.append(modules[node.target])
+            chain.append(own(node))
             relus.append(relu)
             if pad:
                 padded_inputs.add(chain[-1])
