@@ -6,15 +6,10 @@ Not a test; needs aimet-torch 2.42 (the scratch venv of ``../shared/scripts/anch
 
 Writes ``aimet_cle.json`` beside itself. Inputs are not stored: each case names a seed and the model is rebuilt by
 :func:`build` (plain torch, the same CPU generator in both venvs). For every convolution, in model order, the
-equalized weight and bias are stored as float32 bytes, zlib-compressed and base64-encoded (``_pack``).
+equalized weight and bias are stored as float32 bytes, zlib-compressed and base64-encoded (``_record.pack``).
 """
 
 from __future__ import annotations
-
-import base64
-import json
-import os
-import zlib
 
 import torch
 from torch import nn
@@ -53,26 +48,20 @@ def convs(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.Conv2d)]
 
 
-def _pack(t: torch.Tensor) -> str:
-    raw = t.detach().to(torch.float32).contiguous().numpy().tobytes()
-    return base64.b64encode(zlib.compress(raw, 9)).decode()
 
 
 def main() -> None:
-    import aimet_torch
+    from _record import pack, write  # beside this script (run it as one)
     from aimet_torch.cross_layer_equalization import equalize_model
 
-    out = {"aimet_torch": aimet_torch.__version__, "torch": torch.__version__, "cases": {}}
+    out = {"cases": {}}
     for name, seed, shape, activation in CASES:
         model = build(seed, activation)
         equalize_model(model, input_shapes=shape, dummy_input=torch.randn(shape))
         out["cases"][name] = {"seed": seed, "input_shape": list(shape), "activation": activation,
-                              "weights": [_pack(c.weight) for c in convs(model)],
-                              "biases": [_pack(c.bias) for c in convs(model)]}
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aimet_cle.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+                              "weights": [pack(c.weight) for c in convs(model)],
+                              "biases": [pack(c.bias) for c in convs(model)]}
+    write("aimet_cle.json", out)
 
 
 if __name__ == "__main__":
