@@ -1437,13 +1437,13 @@ def test_sequential_holds_few_live_values(monkeypatch):
     sim = sim_of(model, randn(2, 16))
     n_nodes = len(list(sim._prepared.graph.nodes))
     sizes = []
-    real = calibrate_mod._run_node
+    real = calibrate_mod.run_node
 
     def spy(root, node, env):
         sizes.append(len(env))
         return real(root, node, env)
 
-    monkeypatch.setattr(calibrate_mod, "_run_node", spy)
+    monkeypatch.setattr(calibrate_mod, "run_node", spy)
     sim.compute_encodings_sequential([randn(8, 16, seed=s) for s in range(3)], progress=False)
     assert n_nodes >= 14 and len(sizes) > n_nodes
     assert max(sizes) <= 2  # a chain: one activation alive at a time, not the whole forward

@@ -143,17 +143,18 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quantizers_off(modules: Iterable[QuantizationMixin]) -> Iterator[None]:
-    """Every quantizer slot of ``modules`` is None inside the block (they run in float); restored on exit."""
+def quantizers_off(modules: Iterable[QuantizationMixin], *, params: bool = True) -> Iterator[None]:
+    """Every quantizer slot of ``modules`` is None inside the block (they run in float); restored on exit.
+    ``params=False`` leaves the parameter quantizers on (activations in float, weights quantized)."""
     saved = [(m, list(m.input_quantizers), list(m.output_quantizers), dict(m.param_quantizers.items()))
              for m in modules]
     try:
-        for m, ins, outs, params in saved:
-            _set_slots(m, [None] * len(ins), [None] * len(outs), dict.fromkeys(params))
+        for m, ins, outs, pq in saved:
+            _set_slots(m, [None] * len(ins), [None] * len(outs), dict.fromkeys(pq) if params else pq)
         yield
     finally:
-        for m, ins, outs, params in saved:
-            _set_slots(m, ins, outs, params)
+        for m, ins, outs, pq in saved:
+            _set_slots(m, ins, outs, pq)
 
 
 def _set_slots(m: QuantizationMixin, ins: list, outs: list, params: dict) -> None:

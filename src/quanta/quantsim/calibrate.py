@@ -35,7 +35,7 @@ from quanta.quantization.base import QuantizerBase
 from quanta.quantsim.capture import flat_inputs
 from quanta.quantsim.progress import make_bar, progress_bar
 
-__all__ = ["NO_ARGS", "compute_encodings", "compute_encodings_sequential"]
+__all__ = ["NO_ARGS", "compute_encodings", "compute_encodings_sequential", "run_node"]
 
 #: ``forward_pass_callback_args`` not given (None is a value a callback may take)
 NO_ARGS: Any = object()
@@ -165,10 +165,10 @@ def compute_encodings_sequential(model: nn.Module, graph: fx.Graph, batches: Ite
                         stack.enter_context(module.compute_encodings())
                     if visits[node.target] == sites[node.target]:  # last site: finish, then run calibrated
                         for env in envs:
-                            _run_node(model, node, env)
+                            run_node(model, node, env)
                         calibrating.pop(node.target).close()
                 for env in envs:
-                    env[node] = _run_node(model, node, env)
+                    env[node] = run_node(model, node, env)
                 for a in node.all_input_nodes:
                     if last_use.get(a) == i:
                         for env in envs:
@@ -183,14 +183,14 @@ def _calibrate_inputs_first(model: nn.Module, node: fx.Node, module: Quantizatio
     output statistics do not depend on how the data is split into batches."""
     with module.compute_encodings():
         for env in envs:
-            _run_node(model, node, env)
+            run_node(model, node, env)
     inputs = {id(q) for q in module.input_quantizers if q is not None}
     with contextlib.ExitStack() as stack:
         for q in module._quantizers():
             if id(q) not in inputs:
                 stack.enter_context(q.compute_encodings())
         for env in envs:
-            _run_node(model, node, env)
+            run_node(model, node, env)
 
 
 @contextlib.contextmanager
@@ -208,7 +208,8 @@ def _bar(total: int, enabled: bool) -> Iterator[Callable[[], None]]:
         bar.close()
 
 
-def _run_node(root: nn.Module, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+def run_node(root: nn.Module, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    """Run one node of ``root``'s graph on the values in ``env`` (by node); returns its value."""
     args = fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
     if node.op == "call_module":

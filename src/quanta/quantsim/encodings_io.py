@@ -45,7 +45,7 @@ from quanta.kernels.qparams import offset_from_range
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
 
-__all__ = ["ENCODINGS_FORMAT", "ENCODINGS_VERSION", "encodings_document", "load_encodings", "save_encodings"]
+__all__ = ["ENCODINGS_FORMAT", "ENCODINGS_VERSION", "encodings_document", "load_encodings", "load_param_encodings", "save_encodings"]
 
 ENCODINGS_FORMAT = "quanta.quantsim.encodings"
 ENCODINGS_VERSION = 1
@@ -142,6 +142,24 @@ def load_encodings(sim: SimulationLike, encodings: str | os.PathLike | Mapping[s
                 p.requires_grad_(requires_grad)
         if allow_overwrite is not None:
             q.allow_overwrite(allow_overwrite)
+
+
+def load_param_encodings(sim: SimulationLike, encodings: str | os.PathLike | Mapping[str, Any]) -> None:
+    """Load and freeze the parameter entries of an encodings file (AIMET's ``set_and_freeze_param_encodings``):
+    any format :func:`load_encodings` reads, and AIMET AdaRound's ``{"param_encodings": {...}}``."""
+    doc: Any = read_json(encodings, "encodings") if isinstance(encodings, (str, os.PathLike)) else encodings
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"encodings: expected a JSON object, got {type(doc).__name__}")
+    doc = dict(doc)
+    if "format" in doc:  # quanta's own: keep the parameter quantizers' entries
+        entries = doc.get("quantizers")
+        if isinstance(entries, Mapping):
+            doc["quantizers"] = {k: v for k, v in entries.items() if ".param_quantizers." in str(k)}
+    elif "param_encodings" in doc:
+        doc["activation_encodings"] = [] if "version" in doc and not str(doc["version"]).startswith("0.") else {}
+    else:
+        raise ValueError("encodings: no 'param_encodings' in the document")
+    load_encodings(sim, doc, strict=True, partial=True, requires_grad=False, allow_overwrite=False)
 
 
 def _is_quanta_format(doc: Any) -> bool:

@@ -23,7 +23,7 @@ __all__ = ["make_bar", "progress_bar"]
 class _Bar:
     """Counts steps and forwards them to a tqdm or rich bar (or to nothing)."""
 
-    def __init__(self, total: int | None, enabled: bool, desc: str) -> None:
+    def __init__(self, total: int | None, enabled: bool, desc: str, unit: str = "batch") -> None:
         self.count = 0
         self._tqdm = None
         self._rich = None
@@ -32,7 +32,7 @@ class _Bar:
         if importlib.util.find_spec("tqdm") is not None:
             from tqdm.auto import tqdm
 
-            self._tqdm = tqdm(total=total, desc=desc, unit="batch", leave=False)
+            self._tqdm = tqdm(total=total, desc=desc, unit=unit, leave=False)
         elif importlib.util.find_spec("rich") is not None:
             from rich.progress import Progress
 
@@ -47,6 +47,12 @@ class _Bar:
         elif self._rich is not None:
             self._rich.advance(self._task)
 
+    def set_description(self, desc: str) -> None:
+        if self._tqdm is not None:
+            self._tqdm.set_description(desc)
+        elif self._rich is not None:
+            self._rich.update(self._task, description=desc)
+
     def close(self) -> None:
         if self._tqdm is not None:
             self._tqdm.close()
@@ -54,9 +60,9 @@ class _Bar:
             self._rich.stop()
 
 
-def make_bar(total: int | None, *, enabled: bool = True, desc: str = "") -> _Bar:
-    """A bar of ``total`` steps (None: unknown); ``enabled=False`` only counts."""
-    return _Bar(total, enabled, desc)
+def make_bar(total: int | None, *, enabled: bool = True, desc: str = "", unit: str = "batch") -> _Bar:
+    """A bar of ``total`` steps (None: unknown) counted in ``unit``; ``enabled=False`` only counts."""
+    return _Bar(total, enabled, desc, unit)
 
 
 @contextlib.contextmanager

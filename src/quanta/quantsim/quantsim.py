@@ -409,6 +409,12 @@ class QuantizationSimModel:
         self.load_encodings(encoding_path, strict=not ignore_when_quantizer_disabled, partial=True,
                             requires_grad=False, allow_overwrite=False)
 
+    def set_and_freeze_param_encodings(self, encoding_path: str | os.PathLike | Mapping[str, Any]) -> None:
+        """Load the parameter encodings of a file (activation entries are ignored) and freeze them: AIMET's
+        method, used to load what :meth:`quanta.adaround.Adaround.apply_adaround` writes before
+        :meth:`compute_encodings`. Every entry must name a parameter quantizer of this sim."""
+        encodings_io.load_param_encodings(self, encoding_path)
+
     def load_encodings(
         self,
         encodings: str | os.PathLike | Mapping[str, Any],

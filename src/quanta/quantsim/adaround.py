@@ -1,0 +1,809 @@
+"""AdaRound (AIMET's ``Adaround``): learn, weight by weight, whether to round up or down.
+
+Rounding every weight to nearest minimises each weight's own error, not the
+layer's output error; at 4 bits the difference costs accuracy. AdaRound (Nagel
+et al., 2020) learns for every weight of a layer whether it goes to the floor
+or the ceiling of its grid step, minimising the layer's output error on real
+inputs plus a regulariser that drives every choice to 0 or 1
+(:mod:`quanta.kernels.adaround` has the rounding)::
+
+    loss = mean_i ‖f(x_i; QDQ_ada(W)) - f(x_i; W)‖²_(dim 1) + reg_param · Σ (1 - |2·h(alpha) - 1|^beta)
+
+``x_i`` are the layer's inputs in the model whose earlier layers are already
+adarounded (weights quantized, activations in float), ``f(x; W)`` the float
+layer's output, passed through the activation that follows the layer when
+there is one (ReLU, GELU, ...). ``beta`` falls from ``beta_range[0]`` to
+``beta_range[1]`` on a cosine after ``warm_start`` of the iterations (during
+which the regulariser is off); each iteration is one Adam step (lr 1e-3) on 32
+inputs drawn at random. The quantization ranges are the weight quantizers' own
+(computed from the weights before AdaRound) and stay fixed.
+
+Layers are adarounded in the order the model runs them. Their inputs and float
+outputs come from one pass over the captured graph, node after node over all
+batches, with the float and the weight-quantized values side by side (values
+no quantized weight has touched yet are held once): each layer's data is ready
+when its turn comes, instead of running the model twice per layer as AIMET
+does. When those values would not fit in memory (:data:`CACHE_MEMORY_FRACTION`
+of what is available), or the model was not captured as a graph, the
+remaining layers stream: each layer's inputs are collected by running the model
+up to that layer, batch after batch.
+
+Two ways in:
+
+* :meth:`Adaround.apply_adaround` (AIMET's API): builds a sim with ``default_param_bw``-bit weights, adarounds
+  it and returns a copy of the float model holding the adarounded weights, and writes the weight encodings
+  (``<path>/<filename_prefix>.encodings``) to load and freeze in the sim you evaluate
+  (:meth:`~quanta.quantsim.QuantizationSimModel.set_and_freeze_param_encodings`).
+* :func:`apply_adaround`: adarounds an existing sim in place (any config: per-channel or per-block weights)
+  and freezes its weight encodings.
+
+>>> import torch
+>>> from torch import nn
+>>> from quanta.quantsim import QuantizationSimModel
+>>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+<torch._C.Generator object at ...>
+>>> model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+>>> data = [torch.randn(64, 16) for _ in range(4)]
+>>> sim = QuantizationSimModel(model, data[0], default_param_bw=4)
+>>> sim.compute_encodings(data)
+>>> params = AdaroundParameters(data, num_batches=4, default_num_iterations=200)
+>>> report = apply_adaround(sim, params, progress=False)
+>>> [layer.name for layer in report.layers]
+['0', '2']
+>>> all(layer.mse_adaround < layer.mse_nearest for layer in report.layers)
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx, nn
+
+from quanta.kernels.adaround import adarounded_qdq, hard_rounding, initial_alpha, rectified_sigmoid
+from quanta.nn import QuantizationMixin
+from quanta.nn.base import eval_mode, quantizers_off
+from quanta.nn.functional import TransposedLinear
+from quanta.quantization.affine import QuantizeDequantize
+from quanta.quantization.affine.quantizer import AffineQuantizerBase
+from quanta.quantsim.calibrate import run_node
+from quanta.quantsim.capture import flat_inputs
+from quanta.quantsim.progress import make_bar
+from quanta.quantsim.quantsim import QuantizationSimModel, _deepcopy
+from quanta.quantsim.scheme import QuantScheme
+
+__all__ = ["CACHE_MEMORY_FRACTION", "Adaround", "AdaroundLayerResult", "AdaroundParameters", "AdaroundReport",
+           "AdaroundSupportedModules", "SAMPLES_PER_ITERATION", "apply_adaround"]
+
+logger = logging.getLogger(__name__)
+
+#: Layer types whose weights AdaRound learns to round (AIMET: Conv2d, ConvTranspose2d, Linear).
+AdaroundSupportedModules = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                            nn.ConvTranspose3d, TransposedLinear)
+
+#: Activations whose output the reconstruction loss compares when one follows the layer (AIMET's list).
+_ACTIVATIONS = (nn.ReLU6, nn.ReLU, nn.PReLU, nn.RReLU, nn.LeakyReLU, nn.Sigmoid, nn.LogSigmoid, nn.Softmin,
+                nn.Softmax, nn.LogSoftmax, nn.Tanh, nn.Hardtanh, nn.ELU, nn.Hardshrink, nn.Hardsigmoid,
+                nn.Hardswish, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Softplus, nn.Softshrink,
+                nn.Softsign, nn.Tanhshrink, nn.Threshold, nn.GLU, nn.Softmax2d)
+
+#: Inputs drawn (without replacement) for each optimisation step.
+SAMPLES_PER_ITERATION = 32
+
+#: Share of the memory available at the start that the side-by-side values of the graph pass may use; beyond
+#: it the remaining layers stream (see the module docstring).
+CACHE_MEMORY_FRACTION = 0.75
+
+_LEARNING_RATE = 1e-3  # Adam's default, as AIMET
+_METRIC_SAMPLES = 256  # inputs on which a layer's output error is reported before and after
+
+
+class AdaroundParameters:
+    """What AdaRound learns from and how long (AIMET's ``AdaroundParameters``, same names and defaults).
+
+    Args:
+        data_loader: batches of model inputs (a DataLoader, a list...). A batch is passed to the model as
+            AIMET does: a tensor as ``model(batch)``, a 2-tuple ``(inputs, labels)`` as ``model(inputs)`` (a
+            tuple of inputs unpacked), a dict as ``model(**batch)``; other forms need ``forward_fn``.
+        num_batches: how many batches to use (AIMET suggests about 2000 samples in all);
+            ``len(data_loader)`` must be at least this when the loader has a length.
+        default_num_iterations: optimisation steps per layer; None: 15000 if some weight has fewer than 8
+            bits, else 10000 (AIMET's defaults).
+        default_reg_param: weight of the rounding regulariser against the output error (0.01).
+        default_beta_range: ``(start, end)`` of the regulariser's annealed exponent (``(20, 2)``).
+        default_warm_start: share of the iterations before the regulariser starts (0.2).
+        forward_fn: ``forward_fn(model, batch)`` runs one batch, for batches of other forms.
+
+    >>> p = AdaroundParameters([torch.zeros(2, 3)] * 4, num_batches=2)
+    >>> p.num_iterations, p.reg_param, p.beta_range, p.warm_start
+    (None, 0.01, (20, 2), 0.2)
+    """
+
+    def __init__(
+        self,
+        data_loader: Iterable[Any],
+        num_batches: int,
+        default_num_iterations: int | None = None,
+        default_reg_param: float = 0.01,
+        default_beta_range: tuple[float, float] = (20, 2),
+        default_warm_start: float = 0.2,
+        forward_fn: Callable[[nn.Module, Any], Any] | None = None,
+    ) -> None:
+        if isinstance(data_loader, (torch.Tensor, str, bytes)) or not isinstance(data_loader, Iterable):
+            raise TypeError(f"data_loader must be an iterable of batches (a DataLoader, a list), "
+                            f"got {type(data_loader).__name__}")
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
+            raise ValueError(f"num_batches must be an int >= 1, got {num_batches!r}")
+        if hasattr(data_loader, "__len__") and len(data_loader) < num_batches:  # type: ignore[arg-type]
+            raise ValueError(f"num_batches={num_batches}: cannot fetch {num_batches} batches from a data_loader "
+                             f"of length {len(data_loader)}")  # type: ignore[arg-type]
+        if default_num_iterations is not None and (isinstance(default_num_iterations, bool) or not isinstance(
+                default_num_iterations, int) or default_num_iterations < 1):
+            raise ValueError(f"default_num_iterations must be None or an int >= 1, got {default_num_iterations!r}")
+        if isinstance(default_reg_param, bool) or not isinstance(default_reg_param, (int, float)) \
+                or not default_reg_param >= 0:
+            raise ValueError(f"default_reg_param must be a number >= 0, got {default_reg_param!r}")
+        try:
+            start, end = (float(b) for b in default_beta_range)
+        except (TypeError, ValueError):
+            raise ValueError(f"default_beta_range must be (start_beta, end_beta), got {default_beta_range!r}") \
+                from None
+        if not (start > 0 and end > 0):
+            raise ValueError(f"default_beta_range must hold two positive numbers, got {default_beta_range!r}")
+        if isinstance(default_warm_start, bool) or not isinstance(default_warm_start, (int, float)) \
+                or not 0 <= default_warm_start < 1:
+            raise ValueError(f"default_warm_start must be a number in [0, 1), got {default_warm_start!r}")
+        if forward_fn is not None and not callable(forward_fn):
+            raise TypeError(f"forward_fn must be callable as forward_fn(model, batch), got {type(forward_fn).__name__}")
+        self.data_loader = data_loader
+        self.num_batches = num_batches
+        self.num_iterations = default_num_iterations
+        self.reg_param = default_reg_param
+        self.beta_range = tuple(default_beta_range)
+        self.warm_start = default_warm_start
+        self.forward_fn = forward_fn
+
+
+@dataclass
+class AdaroundLayerResult:
+    """One adarounded layer: its output error (mean squared, after the following activation if any, on up to
+    256 of its inputs) with weights rounded to nearest and with the learned rounding."""
+
+    name: str
+    mse_nearest: float
+    mse_adaround: float
+    num_iterations: int
+    seconds: float
+    activation: str | None = None
+
+
+@dataclass
+class AdaroundReport:
+    """What :func:`apply_adaround` did: per layer results in the order they were adarounded, and how the
+    layers' data was collected (``"graph"``: one pass over the captured graph; ``"stream"``: the model run up
+    to each layer; ``"graph+stream"``: graph until memory ran short)."""
+
+    layers: list[AdaroundLayerResult] = field(default_factory=list)
+    collection: str = "graph"
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        rows = [f"{'layer':<40} {'MSE nearest':>12} {'MSE adaround':>12} {'ratio':>7} {'s':>7}"]
+        for r in self.layers:
+            ratio = r.mse_adaround / r.mse_nearest if r.mse_nearest > 0 else float("nan")
+            rows.append(f"{r.name:<40} {r.mse_nearest:>12.4g} {r.mse_adaround:>12.4g} {ratio:>7.3f} "
+                        f"{r.seconds:>7.1f}")
+        rows.append(f"{len(self.layers)} layers in {self.seconds:.1f} s (data: {self.collection})")
+        return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------- the optimisation
+def _beta(num_iterations: int, iteration: int, beta_range: tuple[float, float], warm_start: float) -> float:
+    """The regulariser's exponent: cosine from ``beta_range[0]`` (end of warm start) to ``beta_range[1]``."""
+    start, end = beta_range
+    warm_end = warm_start * num_iterations
+    rel = (iteration - warm_end) / (num_iterations - warm_end)
+    return end + 0.5 * (start - end) * (1 + np.cos(rel * np.pi))  # numpy's cos, as AIMET (same bits)
+
+
+def _reconstruction_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """AIMET's ``mean(‖out - target‖²)`` with the norm over dim 1 (channels / features)."""
+    return (torch.norm(out - target, p="fro", dim=1) ** 2).mean()
+
+
+def _expanded(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A per-tensor/channel/block scale or offset repeated to the weight's ``shape``."""
+    for dim, (n, size) in enumerate(zip(t.shape, shape)):
+        if n not in (1, size):
+            t = t.repeat_interleave(size // n, dim=dim)
+    return t.expand(shape)
+
+
+class _Layer:
+    """One layer's AdaRound state: its float weight split into ``floor(w/s)`` and the learned ``alpha``."""
+
+    def __init__(self, name: str, module: QuantizationMixin, activation: nn.Module | None) -> None:
+        q = module.param_quantizers["weight"]
+        w = module.weight.detach()
+        self.name, self.module, self.activation = name, module, activation
+        self.dtype = w.dtype
+        w = w.float()
+        self.scale = _expanded(q.get_scale(torch.float32).detach(), w.shape)
+        self.offset = _expanded(q.get_offset(torch.float32).detach(), w.shape)
+        self.qmin, self.qmax = q.qmin, q.qmax
+        self.floor = torch.floor(w / self.scale)
+        self.alpha = nn.Parameter(initial_alpha(w, self.scale))
+
+    def weight(self, soft: bool) -> torch.Tensor:
+        h = rectified_sigmoid(self.alpha) if soft else hard_rounding(self.alpha)
+        return adarounded_qdq(self.floor, h, self.scale, self.offset, self.qmin, self.qmax)
+
+    def output(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The float layer (its quantizers are off) on ``x`` with ``weight``, then the activation."""
+        y = torch.func.functional_call(self.module, {"weight": weight.to(self.dtype)}, (x,))
+        return y if self.activation is None else self.activation(y)
+
+    def mse(self, x: torch.Tensor, target: torch.Tensor, soft: bool) -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(self.output(x, self.weight(soft)), target))
+
+
+def _optimize(layer: _Layer, inputs: torch.Tensor, targets: torch.Tensor, params: AdaroundParameters,
+              num_iterations: int) -> AdaroundLayerResult:
+    """Learn ``layer.alpha`` on ``inputs`` (the quantized model's) against ``targets`` (the float layer's
+    outputs), then write the adarounded weight into the layer."""
+    begin = time.perf_counter()
+    with torch.no_grad():
+        if layer.activation is not None:
+            targets = layer.activation(targets)
+    n = min(inputs.shape[0], _METRIC_SAMPLES)
+    mse_nearest = layer.mse(inputs[:n], targets[:n], soft=False)
+    optimizer = torch.optim.Adam([layer.alpha], lr=_LEARNING_RATE)
+    warm_end = num_iterations * params.warm_start
+    with torch.enable_grad():
+        for iteration in range(num_iterations):
+            pick = torch.randperm(inputs.shape[0])[:SAMPLES_PER_ITERATION]
+            optimizer.zero_grad()
+            loss = _reconstruction_loss(layer.output(inputs[pick], layer.weight(soft=True)), targets[pick])
+            if iteration >= warm_end:
+                h = rectified_sigmoid(layer.alpha)
+                beta = _beta(num_iterations, iteration, params.beta_range, params.warm_start)
+                loss = loss + params.reg_param * (1 - (2 * h - 1).abs().pow(beta)).sum()
+            loss.backward()
+            optimizer.step()
+    mse_adaround = layer.mse(inputs[:n], targets[:n], soft=False)
+    with torch.no_grad():  # the soft-rounded weight (within a hair of the grid) as AIMET writes it
+        layer.module.weight.copy_(layer.weight(soft=True).to(layer.dtype))
+    act = None if layer.activation is None else type(layer.activation).__name__
+    return AdaroundLayerResult(layer.name, mse_nearest, mse_adaround, num_iterations,
+                               time.perf_counter() - begin, act)
+
+
+# ----------------------------------------------------------------------------------- collecting the data
+class _Stop(Exception):
+    """Ends a forward pass once the wanted values are captured."""
+
+
+def _default_forward(model: nn.Module, batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return model(batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:  # (inputs, labels)
+        inputs = batch[0]
+        if isinstance(inputs, Mapping):
+            return model(**inputs)
+        return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+    raise TypeError(f"AdaroundParameters.data_loader yielded a {type(batch).__name__}; pass forward_fn to say how "
+                    "a batch runs the model (by default a tensor, an (inputs, labels) pair or a dict)")
+
+
+def _model_inputs(model: nn.Module, batches: Sequence[Any], forward_fn: Callable[[nn.Module, Any], Any]
+                  ) -> list[tuple[tuple, dict]]:
+    """The ``(args, kwargs)`` each batch calls ``model`` with (the model runs no further than its call)."""
+    calls: list[tuple[tuple, dict]] = []
+
+    def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        calls.append((args, kwargs))
+        raise _Stop
+
+    handle = model.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        for b, batch in enumerate(batches):
+            with contextlib.suppress(_Stop):
+                forward_fn(model, batch)
+            if len(calls) != b + 1:
+                raise ValueError(f"forward_fn did not call the model for batch {b}")
+    finally:
+        handle.remove()
+    return calls
+
+
+class _Swapped:
+    """The float weights of adarounded layers, put back while the float reference runs."""
+
+    def __init__(self) -> None:
+        self.originals: dict[QuantizationMixin, nn.Parameter] = {}
+
+    def keep(self, module: QuantizationMixin) -> None:
+        self.originals[module] = nn.Parameter(module.weight.detach().clone(), requires_grad=False)
+
+    @contextlib.contextmanager
+    def float_weights(self, modules: Iterable[QuantizationMixin] | None = None) -> Iterator[None]:
+        chosen = self.originals if modules is None else {m: self.originals[m] for m in modules
+                                                          if m in self.originals}
+        saved = {m: m._parameters["weight"] for m in chosen}
+        try:
+            for m, p in chosen.items():
+                m._parameters["weight"] = p
+            yield
+        finally:
+            for m, p in saved.items():
+                m._parameters["weight"] = p
+
+
+def _available_memory() -> float:
+    """Bytes of memory available now (MemAvailable on Linux), or infinity when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return math.inf
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, Mapping):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
+
+
+def _first_input(args: Any) -> torch.Tensor:
+    x = args[0] if isinstance(args, (tuple, list)) else args
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"AdaRound needs a tensor as the layer's first input, got {type(x).__name__}")
+    return x
+
+
+class _Run:
+    """One AdaRound run over a sim: the layers, the batches' inputs, and the two ways of collecting data."""
+
+    def __init__(self, sim: QuantizationSimModel, layers: list[tuple[str, QuantizationMixin]],
+                 calls: list[tuple[tuple, dict]], params: AdaroundParameters, num_iterations: int,
+                 progress: bool) -> None:
+        self.sim, self.model = sim, sim.model
+        self.calls, self.params, self.num_iterations = calls, params, num_iterations
+        self.todo = dict(layers)  # name -> module, in the order they run
+        self.names = {m: n for n, m in layers}
+        self.qmodules = [m for m in self.model.modules() if isinstance(m, QuantizationMixin)]
+        self.activations = _following_activations(sim)
+        self.swapped = _Swapped()
+        self.report = AdaroundReport()
+        self.bar = make_bar(len(layers), enabled=progress, desc="adaround", unit="layer")
+
+    def adaround(self, name: str, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        module = self.todo.pop(name)
+        self.bar.set_description(f"adaround {name}")
+        layer = _Layer(name, module, self.activations.get(name))
+        with quantizers_off([module] if layer.activation is None else [module, layer.activation]):
+            result = _optimize(layer, inputs, targets, self.params, self.num_iterations)
+        logger.info("adaround %s: output MSE %.4g (nearest) -> %.4g", name, result.mse_nearest, result.mse_adaround)
+        self.report.layers.append(result)
+        self.bar.advance()
+
+    def keep_original(self, module: QuantizationMixin) -> None:
+        self.swapped.keep(module)
+
+    @contextlib.contextmanager
+    def float_reference(self, modules: Iterable[nn.Module] | None = None) -> Iterator[None]:
+        """Inside: ``modules`` (all by default) run in float with their original weights."""
+        modules = self.qmodules if modules is None else [
+            q for m in modules for q in m.modules() if isinstance(q, QuantizationMixin)]
+        with quantizers_off(modules), self.swapped.float_weights(modules):
+            yield
+
+    # -- graph: one pass, float and quantized values side by side ------------------------------------
+    def by_graph(self, graph: fx.Graph, budget: float) -> bool:
+        """Adaround the layers in one pass over ``graph``; False if memory ran short first (the layers not yet
+        done are left in :attr:`todo`)."""
+        modules = dict(self.model.named_modules())
+        nodes = list(graph.nodes)
+        last_use: dict[fx.Node, int] = {}
+        for i, node in enumerate(nodes):
+            for a in node.all_input_nodes:
+                last_use[a] = i
+        quant: list[dict[fx.Node, Any]] = [{} for _ in self.calls]
+        ref: list[dict[fx.Node, Any]] = [{} for _ in self.calls]
+        shared: set[fx.Node] = set()  # nodes whose float and quantized values are the same (held once)
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        for b, (args, kwargs) in enumerate(self.calls):
+            for ph, value in zip(placeholders, flat_inputs(self.model, args, kwargs)):  # type: ignore[arg-type]
+                quant[b][ph] = value
+        shared.update(placeholders)
+        held = {n: sum(_nbytes(env[n]) for env in quant) for n in placeholders}
+        seen: set[Any] = set()
+        for i, node in enumerate(nodes):
+            if node.op in ("placeholder", "output"):
+                continue
+            module = modules.get(node.target) if node.op == "call_module" else None  # type: ignore[arg-type]
+            first_site = module is not None and node.target not in seen
+            seen.add(node.target)
+            inputs = node.all_input_nodes
+            quantizes = isinstance(module, QuantizationMixin) and any(
+                q is not None for q in module.param_quantizers.values())
+            if all(a in shared for a in inputs) and not quantizes and module not in self.swapped.originals:
+                for env in quant:
+                    env[node] = run_node(self.model, node, env)
+                shared.add(node)
+            else:
+                with self.float_reference([] if module is None else [module]):
+                    outs = [run_node(self.model, node, {a: quant[b][a] if a in shared else ref[b][a] for a in inputs})
+                            for b in range(len(self.calls))]
+                if first_site and node.target in self.todo:
+                    x = torch.cat([_first_input(fx.node.map_arg(node.args, lambda n, b=b: quant[b][n]))
+                                   for b in range(len(self.calls))])
+                    self.keep_original(module)  # type: ignore[arg-type]
+                    self.adaround(str(node.target), x, torch.cat(outs))
+                    del x
+                for b in range(len(self.calls)):
+                    ref[b][node] = outs[b]
+                    quant[b][node] = run_node(self.model, node, quant[b])
+            for a in inputs:
+                if last_use.get(a) == i:
+                    for b in range(len(self.calls)):
+                        quant[b].pop(a, None)
+                        ref[b].pop(a, None)
+                    held.pop(a, None)
+            held[node] = sum(_nbytes(q.get(node)) + _nbytes(r.get(node)) for q, r in zip(quant, ref))
+            if not self.todo:
+                return True
+            if sum(held.values()) > budget:
+                logger.info("adaround: graph pass needs more than %.2g GB; streaming the remaining %d layers",
+                            budget / 2**30, len(self.todo))
+                return False
+        return not self.todo
+
+    # -- stream: run the model up to each layer ---------------------------------------------------------
+    def by_stream(self) -> None:
+        for name in list(self.todo):
+            module = self.todo[name]
+            inputs = torch.cat([self._capture(module, args, kwargs, want_input=True) for args, kwargs in self.calls])
+            with self.float_reference():
+                targets = torch.cat([self._capture(module, args, kwargs, want_input=False)
+                                     for args, kwargs in self.calls])
+            self.keep_original(module)
+            self.adaround(name, inputs, targets)
+
+    def _capture(self, module: nn.Module, args: tuple, kwargs: dict, want_input: bool) -> torch.Tensor:
+        got: list[torch.Tensor] = []
+
+        def hook(m: nn.Module, inputs: tuple, output: Any) -> None:
+            got.append(_first_input(inputs) if want_input else output)
+            raise _Stop
+
+        handle = module.register_forward_hook(hook)
+        try:
+            with contextlib.suppress(_Stop):
+                self.model(*args, **kwargs)
+        finally:
+            handle.remove()
+        if not got:
+            raise RuntimeError(f"adaround: layer {self.names[module]} was not called by the model")
+        return got[0].detach()
+
+
+# ----------------------------------------------------------------------------------- entry points
+def _following_activations(sim: QuantizationSimModel) -> dict[str, nn.Module]:
+    """``{layer name: activation module}`` where the first op reading the layer's output is an activation."""
+    graph = sim._prepared.graph
+    if graph is None:
+        return {}
+    modules = dict(sim.model.named_modules())
+    found: dict[str, nn.Module] = {}
+    for node in graph.nodes:
+        if node.op != "call_module" or not isinstance(modules.get(node.target), AdaroundSupportedModules):
+            continue
+        users = list(node.users)
+        if users and users[0].op == "call_module" and isinstance(act := modules.get(users[0].target), _ACTIVATIONS):
+            found.setdefault(str(node.target), act)
+    return found
+
+
+def _adaroundable(sim: QuantizationSimModel) -> list[tuple[str, QuantizationMixin]]:
+    """The sim's layers AdaRound applies to: a supported type with an integer weight quantizer."""
+    found = []
+    for name, module in sim.model.named_modules():
+        if not isinstance(module, QuantizationMixin) or not isinstance(module, AdaroundSupportedModules):
+            continue
+        q = module.param_quantizers["weight"] if "weight" in module.param_quantizers else None
+        if q is None:
+            continue
+        if not isinstance(q, AffineQuantizerBase):
+            logger.warning("adaround: %s has a %s weight quantizer (not an integer grid); left as it is",
+                           name, type(q).__name__)
+            continue
+        if not q.is_initialized():
+            raise RuntimeError(f"the weight quantizer of {name} has no encoding; compute the parameter encodings "
+                               "first (sim.compute_encodings)")
+        found.append((name, module))
+    return found
+
+
+def _run_order(model: nn.Module, layers: list[tuple[str, QuantizationMixin]], call: tuple[tuple, dict]
+               ) -> tuple[list[tuple[str, QuantizationMixin]], dict[str, nn.Module]]:
+    """``layers`` in the order of their first call in one forward pass (layers never called are dropped), and
+    ``{layer name: activation module}`` for the layers whose output is next read by an activation module."""
+    order: list[QuantizationMixin] = []
+    names = {m: n for n, m in layers}
+    produced: dict[int, str] = {}  # id of a layer's output -> layer name, until something reads it
+    following: dict[str, nn.Module] = {}
+
+    def before(module: nn.Module, args: tuple) -> None:
+        if module in names and module not in order:
+            order.append(module)  # type: ignore[arg-type]
+        if args and isinstance(args[0], torch.Tensor) and (name := produced.pop(id(args[0]), None)) is not None \
+                and isinstance(module, _ACTIVATIONS):
+            following[name] = module
+
+    def after(module: nn.Module, args: tuple, output: Any) -> None:
+        if module in names and isinstance(output, torch.Tensor) and names[module] not in following:
+            produced[id(output)] = names[module]
+
+    handles = []
+    for m in model.modules():
+        handles.append(m.register_forward_pre_hook(before))
+        if m in names:
+            handles.append(m.register_forward_hook(after))
+    try:
+        model(*call[0], **call[1])
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n, m in layers if m not in order]
+    if missing:
+        logger.warning("adaround: layers the model does not call are left as they are: %s", ", ".join(missing))
+    return [(names[m], m) for m in order], following
+
+
+def apply_adaround(sim: QuantizationSimModel, params: AdaroundParameters, *, progress: bool = True
+                   ) -> AdaroundReport:
+    """AdaRound every supported layer of ``sim`` in place and freeze its weight encodings.
+
+    The weight quantizers must have their encodings (``sim.compute_encodings``, or loaded ones): AdaRound
+    learns the rounding within those ranges, per tensor, channel or block. The float weights of ``sim.model``
+    are replaced by the adarounded ones (on the grid, so the weight quantizers reproduce them exactly) and
+    the weight encodings are frozen (a later ``compute_encodings`` keeps them). Activation quantizers play no
+    part (they are off while AdaRound runs) and are left as they were: calibrate them afterwards.
+
+    Args:
+        sim: a :class:`~quanta.quantsim.QuantizationSimModel`.
+        params: the data and schedule (:class:`AdaroundParameters`).
+        progress: a bar per layer (tqdm or rich, when installed).
+
+    Returns:
+        An :class:`AdaroundReport` with every layer's output error before and after.
+
+    Raises TypeError for arguments of the wrong type, ValueError when ``sim`` has no layer to adaround or the
+    data loader yields no batch, RuntimeError for a weight quantizer without an encoding (nothing is changed
+    then). Torch's random generator draws the samples: seed it for a repeatable result.
+    """
+    if not isinstance(sim, QuantizationSimModel):
+        raise TypeError(f"sim must be a QuantizationSimModel, got {type(sim).__name__}")
+    if not isinstance(params, AdaroundParameters):
+        raise TypeError(f"params must be AdaroundParameters, got {type(params).__name__}")
+    begin = time.perf_counter()
+    layers = _adaroundable(sim)
+    if not layers:
+        raise ValueError("sim has no layer AdaRound applies to (Linear / Conv / ConvTranspose with an integer "
+                         "weight quantizer)")
+    num_iterations = params.num_iterations
+    if num_iterations is None:  # AIMET's defaults
+        num_iterations = 15000 if min(m.param_quantizers["weight"].bitwidth for _, m in layers) < 8 else 10000
+    batches = list(itertools.islice(params.data_loader, params.num_batches))
+    if not batches:
+        raise ValueError("AdaroundParameters.data_loader yielded no batches")
+    forward = params.forward_fn or _default_forward
+    qmodules = [m for m in sim.model.modules() if isinstance(m, QuantizationMixin)]
+    with eval_mode(sim.model), quantizers_off(qmodules, params=False), torch.no_grad():
+        calls = _model_inputs(sim.model, batches, forward)
+        layers, following = _run_order(sim.model, layers, calls[0])
+        run = _Run(sim, layers, calls, params, num_iterations, progress)
+        if sim._prepared.graph is None:  # no graph to read the consumers from: what the forward pass showed
+            run.activations = following
+        try:
+            graph = sim._prepared.graph
+            if graph is not None and run.by_graph(graph, CACHE_MEMORY_FRACTION * _available_memory()):
+                run.report.collection = "graph"
+            else:
+                run.report.collection = "stream" if graph is None or not run.report.layers else "graph+stream"
+                run.by_stream()
+        finally:
+            run.bar.close()
+    for _, module in layers:
+        q = module.param_quantizers["weight"]
+        q.allow_overwrite(False)
+        for p in q.parameters(recurse=False):
+            p.requires_grad_(False)
+    run.report.seconds = time.perf_counter() - begin
+    return run.report
+
+
+def _with_bitwidth(q: AffineQuantizerBase, bitwidth: int) -> QuantizeDequantize:
+    if type(q) is not QuantizeDequantize:
+        raise ValueError(f"param_bw_override_list: cannot change the bitwidth of a {type(q).__name__}")
+    if q.symmetric and q.qmin == -q.qmax:  # a strict symmetric grid stays one
+        half = 2 ** (bitwidth - 1) - 1
+        return QuantizeDequantize(q.shape, symmetric=True, encoding_analyzer=q.encoding_analyzer,
+                                  block_size=q.block_size, qmin=-half, qmax=half)
+    return QuantizeDequantize(q.shape, bitwidth, q.symmetric, encoding_analyzer=q.encoding_analyzer,
+                              block_size=q.block_size)
+
+
+def _compute_param_encodings(sim: QuantizationSimModel) -> None:
+    with torch.no_grad():
+        for module in sim.qmodules():
+            for pname, q in module.param_quantizers.items():
+                if q is not None:
+                    with q.compute_encodings():
+                        q(getattr(module, pname))
+
+
+def _write_param_encodings(sim: QuantizationSimModel, layers: Iterable[str], path: str) -> None:
+    """AIMET's AdaRound file: ``{"param_encodings": {"<layer>.weight": [0.6.1 entries]}}`` (per-block weights,
+    which 0.6.1 cannot hold, as version 1.0.0)."""
+    from quanta.export.encodings import EncodingsVersion, encodings_to_dict, write_json
+
+    params, symmetric = {}, {}
+    for name in layers:
+        q = sim.model.get_submodule(name).param_quantizers["weight"]
+        params[f"{name}.weight"] = q.get_encodings()
+        symmetric[f"{name}.weight"] = q.symmetric
+    try:
+        doc = encodings_to_dict({}, params, EncodingsVersion.V0_6_1, symmetric=symmetric)
+        doc = {"param_encodings": doc["param_encodings"]}
+    except ValueError:
+        doc = encodings_to_dict({}, params, EncodingsVersion.V1_0_0, symmetric=symmetric)
+        doc = {"version": doc["version"], "param_encodings": doc["param_encodings"]}
+    write_json(path, doc)
+
+
+class Adaround:
+    """AIMET's ``Adaround`` (``aimet_torch.adaround``): see the module docstring.
+
+    >>> import os, tempfile
+    >>> import torch
+    >>> from torch import nn
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
+    >>> data = [torch.randn(8, 3, 12, 12) for _ in range(2)]
+    >>> params = AdaroundParameters(data, num_batches=2, default_num_iterations=50)
+    >>> out = tempfile.mkdtemp()
+    >>> ada_model = Adaround.apply_adaround(model, data[0], params, path=out, filename_prefix="adaround",
+    ...                                     default_param_bw=4)
+    >>> sorted(json.load(open(os.path.join(out, "adaround.encodings")))["param_encodings"])
+    ['0.weight', '2.weight']
+    >>> sim = QuantizationSimModel(ada_model, data[0], default_param_bw=4)
+    >>> sim.set_and_freeze_param_encodings(os.path.join(out, "adaround.encodings"))
+    """
+
+    @classmethod
+    def apply_adaround(
+        cls,
+        model: nn.Module,
+        dummy_input: torch.Tensor | tuple[torch.Tensor, ...],
+        params: AdaroundParameters,
+        path: str | os.PathLike,
+        filename_prefix: str,
+        default_param_bw: int = 4,
+        param_bw_override_list: Sequence[tuple[nn.Module, int]] | None = None,
+        ignore_quant_ops_list: Sequence[nn.Module] | None = None,
+        default_quant_scheme: QuantScheme | str = "post_training_tf_enhanced",
+        default_config_file: str | os.PathLike | Mapping | None = None,
+    ) -> nn.Module:
+        """A copy of ``model`` with adarounded weights; writes ``<path>/<filename_prefix>.encodings``.
+
+        Args:
+            model: the float model (not modified).
+            dummy_input: an input ``model`` accepts (for capturing it).
+            params: the data and schedule (:class:`AdaroundParameters`).
+            path: directory of the encodings file (created if missing).
+            filename_prefix: the file is ``<filename_prefix>.encodings``.
+            default_param_bw: weight bitwidth (4 by default, as AIMET).
+            param_bw_override_list: ``(module of model, bitwidth)`` pairs for layers of another bitwidth.
+            ignore_quant_ops_list: modules of ``model`` left unquantized and not adarounded.
+            default_quant_scheme: how the weight ranges are computed (AIMET's names accepted): SQNR
+                (``"post_training_tf_enhanced"``, AIMET's default) or min-max (``"post_training_tf"``).
+            default_config_file: the sim's config (see :class:`~quanta.quantsim.QuantizationSimModel`);
+                None: quanta's default (per-channel weights).
+
+        Returns:
+            A deep copy of ``model`` whose adarounded layers hold their adarounded weights. Build the sim you
+            evaluate from it with the same bitwidths and config, and load the file with
+            :meth:`~quanta.quantsim.QuantizationSimModel.set_and_freeze_param_encodings` before
+            ``compute_encodings`` (the encodings file fixes the ranges the rounding was learned in).
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(filename_prefix, str) or not filename_prefix or os.sep in filename_prefix:
+            raise ValueError(f"filename_prefix must be a non-empty file name without '{os.sep}', "
+                             f"got {filename_prefix!r}")
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a directory path, got {type(path).__name__}")
+        if not isinstance(params, AdaroundParameters):
+            raise TypeError(f"params must be AdaroundParameters, got {type(params).__name__}")
+        names = {id(m): n for n, m in model.named_modules()}
+
+        def name_of(module: Any, what: str) -> str:
+            if not isinstance(module, nn.Module) or id(module) not in names:
+                raise ValueError(f"{what} must hold modules of model, got {module!r:.80}")
+            return names[id(module)]
+
+        overrides = []
+        for entry in param_bw_override_list or ():
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+                raise ValueError(f"param_bw_override_list must hold (module, bitwidth) pairs, got {entry!r:.80}")
+            module, bw = entry
+            if isinstance(bw, bool) or not isinstance(bw, int) or not 1 <= bw <= 32:
+                raise ValueError(f"param_bw_override_list: bitwidth must be an int in [1, 32], got {bw!r}")
+            overrides.append((name_of(module, "param_bw_override_list"), bw))
+        ignored = [name_of(m, "ignore_quant_ops_list") for m in ignore_quant_ops_list or ()]
+
+        # the scheme computes the weight ranges (AIMET's sim applies it to parameters too)
+        sim = QuantizationSimModel(model, dummy_input, quant_scheme=default_quant_scheme,
+                                   default_param_bw=default_param_bw, config_file=default_config_file,
+                                   param_quant_scheme=default_quant_scheme)
+        for name, bw in overrides:
+            try:
+                module = sim.model.get_submodule(name)
+            except AttributeError:
+                raise ValueError(f"param_bw_override_list: {name} is not a quantized layer of the sim") from None
+            q = module.param_quantizers["weight"] if isinstance(module, QuantizationMixin) \
+                and "weight" in module.param_quantizers else None
+            if q is None:
+                raise ValueError(f"param_bw_override_list: {name} has no weight quantizer")
+            module.param_quantizers["weight"] = _with_bitwidth(q, bw)
+        excluded = []
+        for name in ignored:
+            with contextlib.suppress(AttributeError):
+                excluded.append(sim.model.get_submodule(name))
+        if excluded:
+            sim.exclude_layers_from_quantization(excluded)
+        _compute_param_encodings(sim)
+        report = apply_adaround(sim, params)
+        logger.info("adaround:\n%s", report)
+
+        directory = os.fspath(path)
+        os.makedirs(directory, exist_ok=True)
+        done = [r.name for r in report.layers]
+        _write_param_encodings(sim, done, os.path.join(directory, f"{filename_prefix}.encodings"))
+
+        result = _deepcopy(model)
+        own = dict(result.named_parameters())
+        with torch.no_grad():
+            for name in done:
+                key = f"{name}.weight"
+                if key not in own:
+                    raise RuntimeError(f"adaround: the copy of the model has no parameter {key}")
+                own[key].copy_(sim.model.get_submodule(name).weight)
+        return result
