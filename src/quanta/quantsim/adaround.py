@@ -230,6 +230,32 @@ def _expanded(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t.expand(shape)
 
 
+_CONV_TRANSPOSE = {nn.ConvTranspose1d: torch.nn.functional.conv_transpose1d,
+                   nn.ConvTranspose2d: torch.nn.functional.conv_transpose2d,
+                   nn.ConvTranspose3d: torch.nn.functional.conv_transpose3d}
+
+
+def _float_forward(module: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What the float layer computes on ``x`` with ``weight`` in place of its own: the torch function its float
+    class calls, directly (this runs once per optimisation step; a module call costs more than small layers)."""
+    bias = module.bias
+    if isinstance(module, nn.Linear):
+        return torch.nn.functional.linear(x, weight, bias)
+    if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return module._conv_forward(x, weight, bias)
+    if isinstance(module, TransposedLinear):
+        y = x.reshape(-1, x.shape[-1])
+        y = torch.mm(y, weight) if bias is None else torch.addmm(bias, y, weight)
+        return y.reshape(*x.shape[:-1], weight.shape[1])
+    for cls, op in _CONV_TRANSPOSE.items():
+        if isinstance(module, cls):
+            if module.padding_mode != "zeros":
+                raise ValueError(f"{type(module).__name__}: only zeros padding is supported")
+            return op(x, weight, bias, module.stride, module.padding, module.output_padding, module.groups,
+                      module.dilation)
+    raise TypeError(f"AdaRound does not support {type(module).__name__}")  # pragma: no cover - filtered before
+
+
 class _Layer:
     """One layer's AdaRound state: its float weight split into ``floor(w/s)`` and the learned ``alpha``."""
 
@@ -250,8 +276,8 @@ class _Layer:
         return adarounded_qdq(self.floor, h, self.scale, self.offset, self.qmin, self.qmax)
 
     def output(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The float layer (its quantizers are off) on ``x`` with ``weight``, then the activation."""
-        y = torch.func.functional_call(self.module, {"weight": weight.to(self.dtype)}, (x,))
+        """The float layer on ``x`` with ``weight`` (and its own bias), then the activation."""
+        y = _float_forward(self.module, x, weight.to(self.dtype))
         return y if self.activation is None else self.activation(y)
 
     def mse(self, x: torch.Tensor, target: torch.Tensor, soft: bool) -> float:
@@ -260,9 +286,11 @@ class _Layer:
 
 
 def _optimize(layer: _Layer, inputs: torch.Tensor, targets: torch.Tensor, params: AdaroundParameters,
-              num_iterations: int) -> AdaroundLayerResult:
+              num_iterations: int, soft_weights: bool = False) -> AdaroundLayerResult:
     """Learn ``layer.alpha`` on ``inputs`` (the quantized model's) against ``targets`` (the float layer's
-    outputs), then write the adarounded weight into the layer."""
+    outputs), then write the adarounded weight into the layer: the hard-rounded one (on the grid), or with
+    ``soft_weights`` the soft-rounded one as AIMET writes it (its weight quantizer rounds it to the same
+    grid values wherever ``h(alpha)`` is not exactly 1/2)."""
     begin = time.perf_counter()
     with torch.no_grad():
         if layer.activation is not None:
@@ -283,8 +311,8 @@ def _optimize(layer: _Layer, inputs: torch.Tensor, targets: torch.Tensor, params
             loss.backward()
             optimizer.step()
     mse_adaround = layer.mse(inputs[:n], targets[:n], soft=False)
-    with torch.no_grad():  # the soft-rounded weight (within a hair of the grid) as AIMET writes it
-        layer.module.weight.copy_(layer.weight(soft=True).to(layer.dtype))
+    with torch.no_grad():
+        layer.module.weight.copy_(layer.weight(soft=soft_weights).to(layer.dtype))
     act = None if layer.activation is None else type(layer.activation).__name__
     return AdaroundLayerResult(layer.name, mse_nearest, mse_adaround, num_iterations,
                                time.perf_counter() - begin, act)
@@ -390,9 +418,10 @@ class _Run:
 
     def __init__(self, sim: QuantizationSimModel, layers: list[tuple[str, QuantizationMixin]],
                  calls: list[tuple[tuple, dict]], params: AdaroundParameters, num_iterations: int,
-                 progress: bool) -> None:
+                 progress: bool, soft_weights: bool) -> None:
         self.sim, self.model = sim, sim.model
         self.calls, self.params, self.num_iterations = calls, params, num_iterations
+        self.soft_weights = soft_weights
         self.todo = dict(layers)  # name -> module, in the order they run
         self.names = {m: n for n, m in layers}
         self.qmodules = [m for m in self.model.modules() if isinstance(m, QuantizationMixin)]
@@ -406,7 +435,7 @@ class _Run:
         self.bar.set_description(f"adaround {name}")
         layer = _Layer(name, module, self.activations.get(name))
         with quantizers_off([module] if layer.activation is None else [module, layer.activation]):
-            result = _optimize(layer, inputs, targets, self.params, self.num_iterations)
+            result = _optimize(layer, inputs, targets, self.params, self.num_iterations, self.soft_weights)
         logger.info("adaround %s: output MSE %.4g (nearest) -> %.4g", name, result.mse_nearest, result.mse_adaround)
         self.report.layers.append(result)
         self.bar.advance()
@@ -611,6 +640,11 @@ def apply_adaround(sim: QuantizationSimModel, params: AdaroundParameters, *, pro
         raise TypeError(f"sim must be a QuantizationSimModel, got {type(sim).__name__}")
     if not isinstance(params, AdaroundParameters):
         raise TypeError(f"params must be AdaroundParameters, got {type(params).__name__}")
+    return _adaround(sim, params, progress=progress, soft_weights=False)
+
+
+def _adaround(sim: QuantizationSimModel, params: AdaroundParameters, *, progress: bool, soft_weights: bool
+              ) -> AdaroundReport:
     begin = time.perf_counter()
     layers = _adaroundable(sim)
     if not layers:
@@ -627,7 +661,7 @@ def apply_adaround(sim: QuantizationSimModel, params: AdaroundParameters, *, pro
     with eval_mode(sim.model), quantizers_off(qmodules, params=False), torch.no_grad():
         calls = _model_inputs(sim.model, batches, forward)
         layers, following = _run_order(sim.model, layers, calls[0])
-        run = _Run(sim, layers, calls, params, num_iterations, progress)
+        run = _Run(sim, layers, calls, params, num_iterations, progress, soft_weights)
         if sim._prepared.graph is None:  # no graph to read the consumers from: what the forward pass showed
             run.activations = following
         try:
@@ -790,7 +824,7 @@ class Adaround:
         if excluded:
             sim.exclude_layers_from_quantization(excluded)
         _compute_param_encodings(sim)
-        report = apply_adaround(sim, params)
+        report = _adaround(sim, params, progress=True, soft_weights=True)  # the weights AIMET returns
         logger.info("adaround:\n%s", report)
 
         directory = os.fspath(path)
