@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import quanta.quantsim.adaround as qa
+from quanta.quantsim import layer_data
 from quanta.adaround import Adaround, AdaroundParameters, apply_adaround
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantsim import QuantizationSimModel
@@ -69,10 +70,10 @@ def test_graph_pass_stream_and_uncaptured_models_learn_the_same_rounding(build, 
     graph_sim = _sim(model, data)
     report = _run(graph_sim, data)
     assert report.collection == "graph"
-    monkeypatch.setattr(qa, "CACHE_MEMORY_FRACTION", 0.0)  # nothing fits: every layer streams
+    monkeypatch.setattr(layer_data, "CACHE_MEMORY_FRACTION", 0.0)  # nothing fits: every layer streams
     stream_sim = _sim(model, data)
     assert _run(stream_sim, data).collection in ("stream", "graph+stream")
-    monkeypatch.setattr(qa, "CACHE_MEMORY_FRACTION", 0.75)
+    monkeypatch.setattr(layer_data, "CACHE_MEMORY_FRACTION", 0.75)
     leaves_sim = _sim(model, data, trace=False)
     leaves = _run(leaves_sim, data)
     assert leaves.collection == "stream"

@@ -23,10 +23,10 @@ outputs come from one pass over the captured graph, node after node over all
 batches, with the float and the weight-quantized values side by side (values
 no quantized weight has touched yet are held once): each layer's data is ready
 when its turn comes, instead of running the model twice per layer as AIMET
-does. When those values would not fit in memory (:data:`CACHE_MEMORY_FRACTION`
-of what is available), or the model was not captured as a graph, the
-remaining layers stream: each layer's inputs are collected by running the model
-up to that layer, batch after batch.
+does. When those values would not fit in memory, or the model was not
+captured as a graph, the remaining layers stream: each layer's inputs are
+collected by running the model up to that layer, batch after batch
+(:mod:`quanta.quantsim.layer_data`).
 
 Two ways in:
 
@@ -58,18 +58,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
+import json  # noqa: F401  (the doctests read the encodings file)
 import logging
-import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from torch import fx, nn
+from torch import nn
 
 from quanta.kernels.adaround import adarounded_qdq, hard_rounding, initial_alpha, rectified_sigmoid
 from quanta.nn import QuantizationMixin
@@ -77,13 +76,12 @@ from quanta.nn.base import eval_mode, quantizers_off
 from quanta.nn.functional import TransposedLinear
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.affine.quantizer import AffineQuantizerBase
-from quanta.quantsim.calibrate import run_node
-from quanta.quantsim.capture import flat_inputs
+from quanta.quantsim.layer_data import LayerData, LayerWalker, default_forward, model_inputs, run_order
 from quanta.quantsim.progress import make_bar
 from quanta.quantsim.quantsim import QuantizationSimModel, _deepcopy
 from quanta.quantsim.scheme import QuantScheme
 
-__all__ = ["CACHE_MEMORY_FRACTION", "Adaround", "AdaroundLayerResult", "AdaroundParameters", "AdaroundReport",
+__all__ = ["Adaround", "AdaroundLayerResult", "AdaroundParameters", "AdaroundReport",
            "AdaroundSupportedModules", "SAMPLES_PER_ITERATION", "apply_adaround"]
 
 logger = logging.getLogger(__name__)
@@ -100,10 +98,6 @@ _ACTIVATIONS = (nn.ReLU6, nn.ReLU, nn.PReLU, nn.RReLU, nn.LeakyReLU, nn.Sigmoid,
 
 #: Inputs drawn (without replacement) for each optimisation step.
 SAMPLES_PER_ITERATION = 32
-
-#: Share of the memory available at the start that the side-by-side values of the graph pass may use; beyond
-#: it the remaining layers stream (see the module docstring).
-CACHE_MEMORY_FRACTION = 0.75
 
 _LEARNING_RATE = 1e-3  # Adam's default, as AIMET
 _METRIC_SAMPLES = 256  # inputs on which a layer's output error is reported before and after
@@ -319,228 +313,6 @@ def _optimize(layer: _Layer, inputs: torch.Tensor, targets: torch.Tensor, params
 
 
 # ----------------------------------------------------------------------------------- collecting the data
-class _Stop(Exception):
-    """Ends a forward pass once the wanted values are captured."""
-
-
-def _default_forward(model: nn.Module, batch: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return model(batch)
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:  # (inputs, labels)
-        inputs = batch[0]
-        if isinstance(inputs, Mapping):
-            return model(**inputs)
-        return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
-    raise TypeError(f"AdaroundParameters.data_loader yielded a {type(batch).__name__}; pass forward_fn to say how "
-                    "a batch runs the model (by default a tensor, an (inputs, labels) pair or a dict)")
-
-
-def _model_inputs(model: nn.Module, batches: Sequence[Any], forward_fn: Callable[[nn.Module, Any], Any]
-                  ) -> list[tuple[tuple, dict]]:
-    """The ``(args, kwargs)`` each batch calls ``model`` with (the model runs no further than its call)."""
-    calls: list[tuple[tuple, dict]] = []
-
-    def grab(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        calls.append((args, kwargs))
-        raise _Stop
-
-    handle = model.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        for b, batch in enumerate(batches):
-            with contextlib.suppress(_Stop):
-                forward_fn(model, batch)
-            if len(calls) != b + 1:
-                raise ValueError(f"forward_fn did not call the model for batch {b}")
-    finally:
-        handle.remove()
-    return calls
-
-
-class _Swapped:
-    """The float weights of adarounded layers, put back while the float reference runs."""
-
-    def __init__(self) -> None:
-        self.originals: dict[QuantizationMixin, nn.Parameter] = {}
-
-    def keep(self, module: QuantizationMixin) -> None:
-        self.originals[module] = nn.Parameter(module.weight.detach().clone(), requires_grad=False)
-
-    @contextlib.contextmanager
-    def float_weights(self, modules: Iterable[QuantizationMixin] | None = None) -> Iterator[None]:
-        chosen = self.originals if modules is None else {m: self.originals[m] for m in modules
-                                                          if m in self.originals}
-        saved = {m: m._parameters["weight"] for m in chosen}
-        try:
-            for m, p in chosen.items():
-                m._parameters["weight"] = p
-            yield
-        finally:
-            for m, p in saved.items():
-                m._parameters["weight"] = p
-
-
-def _available_memory() -> float:
-    """Bytes of memory available now (MemAvailable on Linux), or infinity when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return math.inf
-
-
-def _nbytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (tuple, list)):
-        return sum(_nbytes(v) for v in value)
-    if isinstance(value, Mapping):
-        return sum(_nbytes(v) for v in value.values())
-    return 0
-
-
-def _first_input(args: Any) -> torch.Tensor:
-    x = args[0] if isinstance(args, (tuple, list)) else args
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"AdaRound needs a tensor as the layer's first input, got {type(x).__name__}")
-    return x
-
-
-class _Run:
-    """One AdaRound run over a sim: the layers, the batches' inputs, and the two ways of collecting data."""
-
-    def __init__(self, sim: QuantizationSimModel, layers: list[tuple[str, QuantizationMixin]],
-                 calls: list[tuple[tuple, dict]], params: AdaroundParameters, num_iterations: int,
-                 progress: bool, soft_weights: bool) -> None:
-        self.sim, self.model = sim, sim.model
-        self.calls, self.params, self.num_iterations = calls, params, num_iterations
-        self.soft_weights = soft_weights
-        self.todo = dict(layers)  # name -> module, in the order they run
-        self.names = {m: n for n, m in layers}
-        self.qmodules = [m for m in self.model.modules() if isinstance(m, QuantizationMixin)]
-        self.activations = _following_activations(sim)
-        self.swapped = _Swapped()
-        self.report = AdaroundReport()
-        self.bar = make_bar(len(layers), enabled=progress, desc="adaround", unit="layer")
-
-    def adaround(self, name: str, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        module = self.todo.pop(name)
-        self.bar.set_description(f"adaround {name}")
-        layer = _Layer(name, module, self.activations.get(name))
-        with quantizers_off([module] if layer.activation is None else [module, layer.activation]):
-            result = _optimize(layer, inputs, targets, self.params, self.num_iterations, self.soft_weights)
-        logger.info("adaround %s: output MSE %.4g (nearest) -> %.4g", name, result.mse_nearest, result.mse_adaround)
-        self.report.layers.append(result)
-        self.bar.advance()
-
-    def keep_original(self, module: QuantizationMixin) -> None:
-        self.swapped.keep(module)
-
-    @contextlib.contextmanager
-    def float_reference(self, modules: Iterable[nn.Module] | None = None) -> Iterator[None]:
-        """Inside: ``modules`` (all by default) run in float with their original weights."""
-        modules = self.qmodules if modules is None else [
-            q for m in modules for q in m.modules() if isinstance(q, QuantizationMixin)]
-        with quantizers_off(modules), self.swapped.float_weights(modules):
-            yield
-
-    # -- graph: one pass, float and quantized values side by side ------------------------------------
-    def by_graph(self, graph: fx.Graph, budget: float) -> bool:
-        """Adaround the layers in one pass over ``graph``; False if memory ran short first (the layers not yet
-        done are left in :attr:`todo`)."""
-        modules = dict(self.model.named_modules())
-        nodes = list(graph.nodes)
-        last_use: dict[fx.Node, int] = {}
-        for i, node in enumerate(nodes):
-            for a in node.all_input_nodes:
-                last_use[a] = i
-        quant: list[dict[fx.Node, Any]] = [{} for _ in self.calls]
-        ref: list[dict[fx.Node, Any]] = [{} for _ in self.calls]
-        shared: set[fx.Node] = set()  # nodes whose float and quantized values are the same (held once)
-        placeholders = [n for n in nodes if n.op == "placeholder"]
-        for b, (args, kwargs) in enumerate(self.calls):
-            for ph, value in zip(placeholders, flat_inputs(self.model, args, kwargs)):  # type: ignore[arg-type]
-                quant[b][ph] = value
-        shared.update(placeholders)
-        held = {n: sum(_nbytes(env[n]) for env in quant) for n in placeholders}
-        seen: set[Any] = set()
-        for i, node in enumerate(nodes):
-            if node.op in ("placeholder", "output"):
-                continue
-            module = modules.get(node.target) if node.op == "call_module" else None  # type: ignore[arg-type]
-            first_site = module is not None and node.target not in seen
-            seen.add(node.target)
-            inputs = node.all_input_nodes
-            quantizes = isinstance(module, QuantizationMixin) and any(
-                q is not None for q in module.param_quantizers.values())
-            if all(a in shared for a in inputs) and not quantizes and module not in self.swapped.originals:
-                for env in quant:
-                    env[node] = run_node(self.model, node, env)
-                shared.add(node)
-            else:
-                with self.float_reference([] if module is None else [module]):
-                    outs = [run_node(self.model, node, {a: quant[b][a] if a in shared else ref[b][a] for a in inputs})
-                            for b in range(len(self.calls))]
-                if first_site and node.target in self.todo:
-                    x = torch.cat([_first_input(fx.node.map_arg(node.args, lambda n, b=b: quant[b][n]))
-                                   for b in range(len(self.calls))])
-                    self.keep_original(module)  # type: ignore[arg-type]
-                    self.adaround(str(node.target), x, torch.cat(outs))
-                    del x
-                for b in range(len(self.calls)):
-                    ref[b][node] = outs[b]
-                    quant[b][node] = run_node(self.model, node, quant[b])
-            for a in inputs:
-                if last_use.get(a) == i:
-                    for b in range(len(self.calls)):
-                        quant[b].pop(a, None)
-                        ref[b].pop(a, None)
-                    held.pop(a, None)
-            held[node] = sum(_nbytes(q.get(node)) + _nbytes(r.get(node)) for q, r in zip(quant, ref))
-            if not self.todo:
-                return True
-            if sum(held.values()) > budget:
-                logger.info("adaround: graph pass needs more than %.2g GB; streaming the remaining %d layers",
-                            budget / 2**30, len(self.todo))
-                return False
-        return not self.todo
-
-    # -- stream: run the model up to each layer ---------------------------------------------------------
-    def by_stream(self) -> None:
-        for name in list(self.todo):
-            module = self.todo[name]
-            inputs = torch.cat([self._capture(module, args, kwargs, want_input=True) for args, kwargs in self.calls])
-            with self.float_reference():
-                targets = torch.cat([self._capture(module, args, kwargs, want_input=False)
-                                     for args, kwargs in self.calls])
-            self.keep_original(module)
-            self.adaround(name, inputs, targets)
-
-    def _capture(self, module: nn.Module, args: tuple, kwargs: dict, want_input: bool) -> torch.Tensor:
-        got: list[torch.Tensor] = []
-
-        def hook(m: nn.Module, inputs: tuple, output: Any) -> None:
-            got.append(_first_input(inputs) if want_input else output)
-            raise _Stop
-
-        handle = module.register_forward_hook(hook)
-        try:
-            with contextlib.suppress(_Stop):
-                self.model(*args, **kwargs)
-        finally:
-            handle.remove()
-        if not got:
-            raise RuntimeError(f"adaround: layer {self.names[module]} was not called by the model")
-        return got[0].detach()
-
-
 # ----------------------------------------------------------------------------------- entry points
 def _following_activations(sim: QuantizationSimModel) -> dict[str, nn.Module]:
     """``{layer name: activation module}`` where the first op reading the layer's output is an activation."""
@@ -576,42 +348,6 @@ def _adaroundable(sim: QuantizationSimModel) -> list[tuple[str, QuantizationMixi
                                "first (sim.compute_encodings)")
         found.append((name, module))
     return found
-
-
-def _run_order(model: nn.Module, layers: list[tuple[str, QuantizationMixin]], call: tuple[tuple, dict]
-               ) -> tuple[list[tuple[str, QuantizationMixin]], dict[str, nn.Module]]:
-    """``layers`` in the order of their first call in one forward pass (layers never called are dropped), and
-    ``{layer name: activation module}`` for the layers whose output is next read by an activation module."""
-    order: list[QuantizationMixin] = []
-    names = {m: n for n, m in layers}
-    produced: dict[int, str] = {}  # id of a layer's output -> layer name, until something reads it
-    following: dict[str, nn.Module] = {}
-
-    def before(module: nn.Module, args: tuple) -> None:
-        if module in names and module not in order:
-            order.append(module)  # type: ignore[arg-type]
-        if args and isinstance(args[0], torch.Tensor) and (name := produced.pop(id(args[0]), None)) is not None \
-                and isinstance(module, _ACTIVATIONS):
-            following[name] = module
-
-    def after(module: nn.Module, args: tuple, output: Any) -> None:
-        if module in names and isinstance(output, torch.Tensor) and names[module] not in following:
-            produced[id(output)] = names[module]
-
-    handles = []
-    for m in model.modules():
-        handles.append(m.register_forward_pre_hook(before))
-        if m in names:
-            handles.append(m.register_forward_hook(after))
-    try:
-        model(*call[0], **call[1])
-    finally:
-        for h in handles:
-            h.remove()
-    missing = [n for n, m in layers if m not in order]
-    if missing:
-        logger.warning("adaround: layers the model does not call are left as they are: %s", ", ".join(missing))
-    return [(names[m], m) for m in order], following
 
 
 def apply_adaround(sim: QuantizationSimModel, params: AdaroundParameters, *, progress: bool = True
@@ -656,30 +392,41 @@ def _adaround(sim: QuantizationSimModel, params: AdaroundParameters, *, progress
     batches = list(itertools.islice(params.data_loader, params.num_batches))
     if not batches:
         raise ValueError("AdaroundParameters.data_loader yielded no batches")
-    forward = params.forward_fn or _default_forward
+    forward = params.forward_fn or default_forward
     qmodules = [m for m in sim.model.modules() if isinstance(m, QuantizationMixin)]
+    report = AdaroundReport()
+    activations = _following_activations(sim)
     with eval_mode(sim.model), quantizers_off(qmodules, params=False), torch.no_grad():
-        calls = _model_inputs(sim.model, batches, forward)
-        layers, following = _run_order(sim.model, layers, calls[0])
-        run = _Run(sim, layers, calls, params, num_iterations, progress, soft_weights)
+        calls = model_inputs(sim.model, batches, forward)
+        layers, following = run_order(sim.model, layers, calls[0], _ACTIVATIONS)
         if sim._prepared.graph is None:  # no graph to read the consumers from: what the forward pass showed
-            run.activations = following
+            activations = following
+        bar = make_bar(len(layers), enabled=progress, desc="adaround", unit="layer")
+
+        def visit(name: str, module: QuantizationMixin, data: LayerData) -> None:
+            bar.set_description(f"adaround {name}")
+            layer = _Layer(name, module, activations.get(name))
+            inputs, targets = torch.cat(data.quant_inputs), torch.cat(data.float_outputs)  # type: ignore[arg-type]
+            with quantizers_off([module] if layer.activation is None else [module, layer.activation]):
+                result = _optimize(layer, inputs, targets, params, num_iterations, soft_weights)
+            logger.info("adaround %s: output MSE %.4g (nearest) -> %.4g", name, result.mse_nearest,
+                        result.mse_adaround)
+            report.layers.append(result)
+            bar.advance()
+
+        walker = LayerWalker(sim.model, sim._prepared.graph, layers, calls, float_outputs=True,
+                             keep_float_weights=True)
         try:
-            graph = sim._prepared.graph
-            if graph is not None and run.by_graph(graph, CACHE_MEMORY_FRACTION * _available_memory()):
-                run.report.collection = "graph"
-            else:
-                run.report.collection = "stream" if graph is None or not run.report.layers else "graph+stream"
-                run.by_stream()
+            report.collection = walker.run(visit)
         finally:
-            run.bar.close()
+            bar.close()
     for _, module in layers:
         q = module.param_quantizers["weight"]
         q.allow_overwrite(False)
         for p in q.parameters(recurse=False):
             p.requires_grad_(False)
-    run.report.seconds = time.perf_counter() - begin
-    return run.report
+    report.seconds = time.perf_counter() - begin
+    return report
 
 
 def _with_bitwidth(q: AffineQuantizerBase, bitwidth: int) -> QuantizeDequantize:
