@@ -353,11 +353,12 @@ def _apply(sim: QuantizationSimModel, data_loader: Iterable[Any], num_candidates
     others = [m for m in qmodules if id(m) not in searched]
     report = SeqMseReport()
     with eval_mode(sim.model), quantizers_off(qmodules, params=False), quantizers_off(others), torch.no_grad():
-        for _, module in layers:  # min-max of the weights, the range the candidates are fractions of
-            q = module.param_quantizers["weight"]
-            q.allow_overwrite(True)  # as AIMET: recomputed even where frozen
-            with q.compute_encodings():
-                q(module.weight)
+        for _, module in layers:  # the parameters' encodings; the weight's range is what candidates are fractions of
+            for pname, q in module.param_quantizers.items():
+                if q is not None:
+                    q.allow_overwrite(True)  # as AIMET: recomputed even where frozen
+                    with q.compute_encodings():
+                        q(getattr(module, pname))
         layers = _load_cached(layers, cache_dir)
         calls = model_inputs(sim.model, batches, forward_fn or call_model)
         layers, _ = run_order(sim.model, layers, calls[0])
