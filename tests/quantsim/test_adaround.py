@@ -273,3 +273,16 @@ def test_bad_aimet_api_arguments(tmp_path):
     with pytest.raises(TypeError, match="params"):
         Adaround.apply_adaround(model, data[0], None, tmp_path, "a")
     assert not any(tmp_path.iterdir())
+
+
+def test_batches_of_different_sequence_lengths():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    data = [torch.randn(2, t, 8) for t in (5, 7, 3)]  # padded to each batch's longest sequence
+    sim = _sim(model, data)
+    report = _run(sim, data, iterations=100)
+    assert [r.name for r in report.layers] == ["0", "2"]
+    convs = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3)).eval()
+    images = [torch.randn(2, 3, 10, 10), torch.randn(2, 3, 12, 12)]
+    with pytest.raises(ValueError, match="differ in shape between batches"):
+        _run(_sim(convs, images), images)

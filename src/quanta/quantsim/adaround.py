@@ -279,6 +279,21 @@ class _Layer:
             return float(torch.nn.functional.mse_loss(self.output(x, self.weight(soft)), target))
 
 
+def _samples(name: str, module: nn.Module, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """All batches' inputs and float outputs of a layer, one sample per row of dim 0 (as AIMET concatenates
+    them). Batches whose shapes differ beyond dim 0 (padded to different sequence lengths) are concatenated
+    token by token for a Linear layer, whose every token is a sample of its own."""
+    if all(x.shape[1:] == inputs[0].shape[1:] for x in inputs):
+        return torch.cat(inputs), torch.cat(outputs)
+    if isinstance(module, (nn.Linear, TransposedLinear)):
+        return (torch.cat([x.reshape(-1, x.shape[-1]) for x in inputs]),
+                torch.cat([y.reshape(-1, y.shape[-1]) for y in outputs]))
+    shapes = sorted({tuple(x.shape[1:]) for x in inputs})
+    raise ValueError(f"adaround: the inputs of {name} differ in shape between batches {shapes}; give batches of "
+                     "one shape")
+
+
 def _optimize(layer: _Layer, inputs: torch.Tensor, targets: torch.Tensor, params: AdaroundParameters,
               num_iterations: int, soft_weights: bool = False) -> AdaroundLayerResult:
     """Learn ``layer.alpha`` on ``inputs`` (the quantized model's) against ``targets`` (the float layer's
@@ -406,7 +421,7 @@ def _adaround(sim: QuantizationSimModel, params: AdaroundParameters, *, progress
         def visit(name: str, module: QuantizationMixin, data: LayerData) -> None:
             bar.set_description(f"adaround {name}")
             layer = _Layer(name, module, activations.get(name))
-            inputs, targets = torch.cat(data.quant_inputs), torch.cat(data.float_outputs)  # type: ignore[arg-type]
+            inputs, targets = _samples(name, module, data.quant_inputs, data.float_outputs)  # type: ignore[arg-type]
             with quantizers_off([module] if layer.activation is None else [module, layer.activation]):
                 result = _optimize(layer, inputs, targets, params, num_iterations, soft_weights)
             logger.info("adaround %s: output MSE %.4g (nearest) -> %.4g", name, result.mse_nearest,
