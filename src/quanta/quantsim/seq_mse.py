@@ -168,6 +168,13 @@ def _set_candidate_range(q: QuantizeDequantize, lo: torch.Tensor, hi: torch.Tens
     q.set_range(fresh.min.detach(), fresh.max.detach())
 
 
+def _freeze(q: QuantizeDequantize) -> None:
+    """A chosen range stays: not trained, not overwritten by a later ``compute_encodings``."""
+    q.allow_overwrite(False)
+    for p in q.parameters(recurse=False):
+        p.requires_grad_(False)
+
+
 def _input_block_size(module: nn.Module, q: QuantizeDequantize) -> int:
     """Input channels per block of the weight (all of them without blocks)."""
     in_channels = module.weight.shape[1]
@@ -239,9 +246,7 @@ def _search(name: str, module: QuantizationMixin, xs: Sequence[torch.Tensor], xq
     stacked = torch.stack(losses)
     best = stacked.min(0)[1]
     _set_candidate_range(q, lo / n * (best + 1), hi / n * (best + 1))
-    q.allow_overwrite(False)
-    for p in q.parameters(recurse=False):
-        p.requires_grad_(False)
+    _freeze(q)
     chosen = stacked.gather(0, best[None]).sum()
     return SeqMseLayerResult(name, float(stacked[-1].sum()), float(chosen), float(((best + 1) / n).float().mean()))
 
@@ -417,8 +422,6 @@ def _load_cached(layers: list[tuple[str, QuantizationMixin]], cache_dir: str | o
                 and all(isinstance(v, torch.Tensor) and tuple(v.shape) == q.shape for v in state.values())):
             raise ValueError(f"cache_dir: {path} does not hold a range of shape {q.shape} for layer {name}")
         q.set_range(state["min"], state["max"])
-        q.allow_overwrite(False)
-        for p in q.parameters(recurse=False):
-            p.requires_grad_(False)
+        _freeze(q)
         logger.info("seq_mse %s: range loaded from %s", name, path)
     return todo
