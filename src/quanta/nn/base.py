@@ -143,14 +143,17 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quantizers_off(modules: Iterable[QuantizationMixin], *, params: bool = True) -> Iterator[None]:
+def quantizers_off(modules: Iterable[QuantizationMixin], *, params: bool = True,
+                   activations: bool = True) -> Iterator[None]:
     """Every quantizer slot of ``modules`` is None inside the block (they run in float); restored on exit.
-    ``params=False`` leaves the parameter quantizers on (activations in float, weights quantized)."""
+    ``params=False`` leaves the parameter quantizers on (activations in float, weights quantized);
+    ``activations=False`` leaves the input and output quantizers on (weights in float)."""
     saved = [(m, list(m.input_quantizers), list(m.output_quantizers), dict(m.param_quantizers.items()))
              for m in modules]
     try:
         for m, ins, outs, pq in saved:
-            _set_slots(m, [None] * len(ins), [None] * len(outs), dict.fromkeys(pq) if params else pq)
+            _set_slots(m, [None] * len(ins) if activations else ins, [None] * len(outs) if activations else outs,
+                       dict.fromkeys(pq) if params else pq)
         yield
     finally:
         for m, ins, outs, pq in saved:

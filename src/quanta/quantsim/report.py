@@ -104,13 +104,32 @@ class LayerSQNRReport:
 
 @dataclass
 class _Acc:
+    """Error of one output stream summed over calls: signal and noise energies, and per call the mean squared
+    error of all its output elements (``mse_sum`` over ``calls``; ``samples``: the calls' batch sizes)."""
+
     signal: float = 0.0
     noise: float = 0.0
+    mse_sum: float = 0.0
+    calls: int = 0
+    samples: int = 0
 
-    def add(self, ref: torch.Tensor, out: torch.Tensor) -> None:
+    def add(self, ref: torch.Tensor, out: torch.Tensor) -> float:
+        """Add one tensor pair; returns its noise energy."""
         ref64 = ref.detach().double()
+        noise = float(((out.detach().double() - ref64) ** 2).sum())
         self.signal += float((ref64 * ref64).sum())
-        self.noise += float(((out.detach().double() - ref64) ** 2).sum())
+        self.noise += noise
+        return noise
+
+    def add_call(self, refs: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        """Add the outputs of one call."""
+        pairs = [(r, o) for r, o in zip(refs, outs) if r.shape == o.shape]
+        if not pairs:
+            return
+        noise = sum(self.add(r, o) for r, o in pairs)
+        self.mse_sum += noise / max(1, sum(r.numel() for r, _ in pairs))
+        self.calls += 1
+        self.samples += pairs[0][0].shape[0] if pairs[0][0].dim() else 1
 
     def db(self) -> float:
         if self.noise == 0:
@@ -149,8 +168,36 @@ def layer_sqnr(sim: QuantizedModelLike, batches: Iterable[Any]) -> LayerSQNRRepo
     """Build a :class:`LayerSQNRReport` for ``sim`` (a :class:`~quanta.quantsim.QuantizationSimModel`, or any
     :class:`~quanta.export.protocol.QuantizedModelLike`) on ``batches`` (inputs, tuples of inputs, or dicts of
     keyword inputs)."""
-    # modules whose quantizers are all off (e.g. BatchNorm inside a Conv-BN-ReLU supergroup) add no error: no row
-    modules = [(name, m) for name, m in sim.quantized_modules() if next(iter(m._quantizers()), None) is not None]
+    errors = measure_layer_errors(sim, batches)
+    rows = [LayerSQNR(e.name, e.op_type, e.cumulative.db(), e.local.db()) for e in errors.layers]
+    return LayerSQNRReport(rows, errors.output.db())
+
+
+@dataclass
+class _LayerErrors:
+    name: str
+    op_type: str
+    cumulative: _Acc
+    local: _Acc
+
+
+@dataclass
+class _ModelErrors:
+    layers: list[_LayerErrors]
+    output: _Acc
+
+
+def measure_layer_errors(sim: QuantizedModelLike, batches: Iterable[Any],
+                         modules: Iterable[tuple[str, nn.Module]] | None = None) -> _ModelErrors:
+    """Per module, in execution order: the error of its output in the quantized model against the float model
+    (``cumulative``) and against itself in float on the same input (``local``), accumulated over ``batches``;
+    and the error of the model's output. One float pass and one quantized pass per batch, whatever the number
+    of layers. ``modules``: ``(name, module)`` pairs of ``sim.model`` (default: the quantized modules with at
+    least one quantizer)."""
+    if modules is None:
+        # modules whose quantizers are all off (e.g. BatchNorm in a Conv-BN-ReLU supergroup) add no error: no row
+        modules = [(name, m) for name, m in sim.quantized_modules() if next(iter(m._quantizers()), None) is not None]
+    modules = list(modules)
     state = _State()
     order: list[str] = []
 
@@ -167,18 +214,14 @@ def layer_sqnr(sim: QuantizedModelLike, batches: Iterable[Any]) -> LayerSQNRRepo
             k = state.calls.get(name, 0)
             state.calls[name] = k + 1
             refs = state.ref[name][k] if k < len(state.ref.get(name, [])) else []
-            acc = state.cumulative.setdefault(name, _Acc())
-            for r, o in zip(refs, outs):
-                acc.add(r, o)
+            state.cumulative.setdefault(name, _Acc()).add_call(refs, outs)
             state.inner = True
             try:  # the same module in float, nested quantized modules (MHA out_proj) too
                 with _quantizers_disabled(mod):
                     plain = _tensors(mod(*args, **kwargs))
             finally:
                 state.inner = False
-            lacc = state.local.setdefault(name, _Acc())
-            for r, o in zip(plain, outs):
-                lacc.add(r, o)
+            state.local.setdefault(name, _Acc()).add_call(plain, outs)
         return fn
 
     handles = [m.register_forward_hook(hook(name, m), with_kwargs=True) for name, m in modules]
@@ -193,12 +236,11 @@ def layer_sqnr(sim: QuantizedModelLike, batches: Iterable[Any]) -> LayerSQNRRepo
                     ref_out = _tensors(call_model(sim.model, batch))
                 state.recording = False
                 q_out = _tensors(call_model(sim.model, batch))
-                for r, o in zip(ref_out, q_out):
-                    out_acc.add(r, o)
+                out_acc.add_call(ref_out, q_out)
     finally:
         for h in handles:
             h.remove()
-    types = {name: op_types_of(m)[0] for name, m in modules}
-    rows = [LayerSQNR(name, types[name], state.cumulative[name].db(), state.local[name].db())
-            for name in order if name in state.cumulative]
-    return LayerSQNRReport(rows, out_acc.db())
+    types = {name: op_types_of(m)[0] if isinstance(m, QuantizationMixin) else type(m).__name__
+             for name, m in modules}
+    return _ModelErrors([_LayerErrors(name, types[name], state.cumulative[name], state.local.get(name, _Acc()))
+                         for name in order if name in state.cumulative], out_acc)
