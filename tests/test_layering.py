@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("6c simulation (QuantizationSimModel)", ("quanta.quantsim",)),
     ("6d AIMET's import paths of the accuracy techniques",
      ("quanta.adaround", "quanta.batch_norm_fold", "quanta.bn_reestimation", "quanta.cross_layer_equalization",
-      "quanta.quant_analyzer", "quanta.seq_mse")),
+      "quanta.mixed_precision", "quanta.quant_analyzer", "quanta.seq_mse")),
     ("7a tools", ("quanta.tools",)),
     ("7b command line", ("quanta.cli",)),
     ("8 the package's public surface", ("quanta",)),

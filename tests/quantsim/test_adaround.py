@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import quanta.quantsim.adaround as qa
+from quanta.quantsim import construction
 from quanta.quantsim import layer_data
 from quanta.adaround import Adaround, AdaroundParameters, apply_adaround
 from quanta.quantization.affine import QuantizeDequantize
@@ -172,7 +173,7 @@ def test_aimet_api_returns_a_copy_and_writes_the_file_set_and_freeze_reads(tmp_p
     assert torch.equal(ada[2].weight, model[2].weight)
 
     sim = QuantizationSimModel(ada, data[0], default_param_bw=4)
-    sim.model.get_submodule("4").param_quantizers["weight"] = qa._with_bitwidth(
+    sim.model.get_submodule("4").param_quantizers["weight"] = construction.with_bitwidth(
         sim.model.get_submodule("4").param_quantizers["weight"], 8)
     sim.set_and_freeze_param_encodings(tmp_path / "out" / "ada.encodings")
     q = sim.model.get_submodule("0").param_quantizers["weight"]

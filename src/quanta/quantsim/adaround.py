@@ -76,6 +76,7 @@ from quanta.nn.base import eval_mode, quantizers_off
 from quanta.nn.functional import TransposedLinear
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.affine.quantizer import AffineQuantizerBase
+from quanta.quantsim import construction
 from quanta.quantsim.layer_data import LayerData, LayerWalker, default_forward, model_inputs, run_order
 from quanta.quantsim.progress import make_bar
 from quanta.quantsim.quantsim import QuantizationSimModel, _deepcopy
@@ -444,17 +445,6 @@ def _adaround(sim: QuantizationSimModel, params: AdaroundParameters, *, progress
     return report
 
 
-def _with_bitwidth(q: AffineQuantizerBase, bitwidth: int) -> QuantizeDequantize:
-    if type(q) is not QuantizeDequantize:
-        raise ValueError(f"param_bw_override_list: cannot change the bitwidth of a {type(q).__name__}")
-    if q.symmetric and q.qmin == -q.qmax:  # a strict symmetric grid stays one
-        half = 2 ** (bitwidth - 1) - 1
-        return QuantizeDequantize(q.shape, symmetric=True, encoding_analyzer=q.encoding_analyzer,
-                                  block_size=q.block_size, qmin=-half, qmax=half)
-    return QuantizeDequantize(q.shape, bitwidth, q.symmetric, encoding_analyzer=q.encoding_analyzer,
-                              block_size=q.block_size)
-
-
 def _compute_param_encodings(sim: QuantizationSimModel) -> None:
     with torch.no_grad():
         for module in sim.qmodules():
@@ -578,7 +568,9 @@ class Adaround:
                 and "weight" in module.param_quantizers else None
             if q is None:
                 raise ValueError(f"param_bw_override_list: {name} has no weight quantizer")
-            module.param_quantizers["weight"] = _with_bitwidth(q, bw)
+            if type(q) is not QuantizeDequantize:
+                raise ValueError(f"param_bw_override_list: cannot change the bitwidth of a {type(q).__name__}")
+            module.param_quantizers["weight"] = construction.with_bitwidth(q, bw)
         excluded = []
         for name in ignored:
             with contextlib.suppress(AttributeError):

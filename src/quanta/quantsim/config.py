@@ -70,12 +70,34 @@ FLOAT_BITWIDTHS = (8, 16)  # float formats quanta simulates: fp8 (e4m3) and fp16
 class DataType(enum.Enum):
     """Numeric type of a quantizer: an integer grid or a low-precision float format.
 
-    >>> DataType("float")
-    <DataType.FLOAT: 'float'>
+    ``DataType.int`` / ``DataType.float`` are aliases, so that AIMET's ``QuantizationDataType.int`` reads the same
+    (``quanta.quantsim.QuantizationDataType`` is this class).
+
+    >>> DataType("float"), DataType.int
+    (<DataType.FLOAT: 'float'>, <DataType.INT: 'int'>)
     """
 
     INT = "int"
     FLOAT = "float"
+    int = "int"  # noqa: A003,PIE796  (aliases: AIMET's spelling)
+    float = "float"  # noqa: A003,PIE796
+
+    @classmethod
+    def parse(cls, value: Any, name: str = "data type") -> "DataType":
+        """A DataType from itself, ``int``/``float`` (the types or their names), or AIMET's
+        ``QuantizationDataType`` (by name); ValueError naming ``name`` otherwise."""
+        import builtins
+
+        if value is builtins.int or value == "int":
+            return cls.INT
+        if value is builtins.float or value == "float":
+            return cls.FLOAT
+        if isinstance(value, cls):
+            return value
+        member = getattr(value, "name", None)  # AIMET's QuantizationDataType.int / .float
+        if member in ("int", "float"):
+            return cls(member)
+        raise ValueError(f"{name} must be int, float, 'int', 'float' or a quanta.quantsim.DataType, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -662,6 +684,15 @@ class QuantSimConfig:
                 "default), a .json/.yaml/.yml path, a mapping or a QuantSimConfig"
             )
         self._cfg = _cfg
+
+    def supported_kernels(self, op_type: str | None = None) -> tuple[dict[str, Any], ...] | None:
+        """AIMET's ``supported_kernels`` entries (``{"activation": {"bitwidth", "dtype"}, "param": {...}}``) for
+        ``op_type`` (its ``op_type`` section, else ``defaults``); None when the config names none. quanta's
+        simulation does not use them; mixed precision restricts its candidates to them."""
+        rule = self._cfg.op_type.get(op_type) if op_type is not None else None
+        if rule is not None and rule.supported_kernels is not None:
+            return rule.supported_kernels
+        return self._cfg.supported_kernels
 
     @classmethod
     def load(cls, source: str | os.PathLike | Mapping | QuantSimConfig | None = None) -> QuantSimConfig:

@@ -23,6 +23,7 @@ A spec leaves the bitwidth and data type to the sim's defaults (:class:`Quantize
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -223,6 +224,18 @@ def install(model: nn.Module, modules: Iterable[tuple[str, QuantizationMixin]],
         for q in model.modules():
             if isinstance(q, QuantizerBase):
                 q.to(device)
+
+
+def with_bitwidth(q: QuantizeDequantize, bitwidth: int) -> QuantizeDequantize:
+    """A new, uncalibrated quantizer like ``q`` (shape, symmetry, block size, a copy of its encoding analyzer)
+    with ``bitwidth`` bits; a strict symmetric grid ``[-(2^(b-1)-1), 2^(b-1)-1]`` stays strict."""
+    analyzer = copy.deepcopy(q.encoding_analyzer)
+    analyzer.reset_stats()
+    if q.symmetric and q.qmin == -q.qmax:
+        half = 2 ** (bitwidth - 1) - 1
+        return QuantizeDequantize(q.shape, symmetric=True, encoding_analyzer=analyzer, block_size=q.block_size,
+                                  qmin=-half, qmax=half)
+    return QuantizeDequantize(q.shape, bitwidth, q.symmetric, encoding_analyzer=analyzer, block_size=q.block_size)
 
 
 def fix_range(q: QuantizerBase, fixed: tuple[float | None, float | None]) -> QuantizerBase:

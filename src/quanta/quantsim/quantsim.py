@@ -46,16 +46,7 @@ __all__ = ["QuantizationSimModel"]
 
 
 def _parse_data_type(value: Any) -> DataType:
-    if value is int or value == "int":
-        return DataType.INT
-    if value is float or value == "float":
-        return DataType.FLOAT
-    if isinstance(value, DataType):
-        return value
-    name = getattr(value, "name", None)  # AIMET's QuantizationDataType.int / .float
-    if name in ("int", "float"):
-        return DataType(name)
-    raise ValueError(f"default_data_type must be int, float, 'int', 'float' or a quanta.quantsim.DataType, got {value!r}")
+    return DataType.parse(value, "default_data_type")
 
 
 def _check_bw(name: str, value: Any) -> int:
