@@ -262,3 +262,16 @@ def test_transformers_model(tmp_path):
                                     lambda m: [m(**b) for b in batches], progress=False)
     assert len(pareto) == len(json.loads((tmp_path / ".cache" / "accuracy_list.json").read_text()))
     assert pareto[-1][0] == pytest.approx(0.25)  # every weighted layer at W4A8 in the end
+
+
+def test_refine_never_costs_more_and_keeps_the_budget(tmp_path):
+    model, data, score, forward = _mlp()
+    results = {}
+    for refine in (False, True):
+        sim = QuantizationSimModel(model, data[0], config_file=CONFIG)
+        choose_mixed_precision(sim, data[0], [W8A16, W4A8], score, score, 0.01, tmp_path / str(refine), True,
+                               forward, refine=refine, progress=False)
+        info = dict(json.loads((tmp_path / str(refine) / "amp_info_list.json").read_text()))
+        assert info["final score"] >= 1.0 - 0.01
+        results[refine] = info["final relative BitOps"]
+    assert results[True] <= results[False]

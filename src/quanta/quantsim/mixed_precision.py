@@ -24,8 +24,10 @@ The search is AIMET's greedy two-phase algorithm:
 3. Phase 2: starting from every group at the baseline, the changes of the accuracy list are applied
    cumulatively; a binary search (or interpolation, or every point) over that list finds the longest prefix
    whose ``eval_callback_for_phase2`` score stays within ``allowed_accuracy_drop`` of fp32 (None: the whole
-   curve). Each evaluated prefix is a point of the Pareto curve (relative BitOps, score). The sim is left at
-   the chosen configuration, with its encodings computed.
+   curve). Each evaluated prefix is a point of the Pareto curve (relative BitOps, score).
+4. Refinement (quanta's, ``refine=True``): the scores along the list are not monotonic, so the search stops
+   early; each later change is then tried alone on top of the chosen prefix and kept if the score stays within
+   the budget. The sim is left at the chosen configuration, with its encodings computed.
 
 Faster than AIMET where it counts: each candidate is calibrated once (step 1) and its encodings are kept in a
 quantizer per slot and bitwidth, so phases 1 and 2 only swap quantizers instead of re-running calibration for
@@ -51,8 +53,8 @@ Files in ``results_dir``: ``pareto_list.json`` (AIMET's layout: ``[relative BitO
 >>> with tempfile.TemporaryDirectory() as d:  # allowed_accuracy_drop None: the whole curve, down to all W4A8
 ...     pareto = choose_mixed_precision(sim, data[0], [W8A16, W4A8], score, score, None, d, True,
 ...                                     lambda m: [m(x) for x in data], progress=False)
->>> [group.label() for _, _, group, _ in pareto]  # least sensitive first
-['2 (output)', '0', '2']
+>>> [group.label() for _, _, group, _ in pareto]  # least sensitive first; no BitOps saved: last
+['0', '2', '2 (output)']
 >>> pareto[-1][0]  # BitOps of W4A8 everywhere relative to W8A16
 0.25
 """
@@ -603,7 +605,9 @@ class _MixedPrecision:
 
         def bits(c: Candidate) -> int:
             return sum(bw for bw, _ in c)
-        rows.sort(key=lambda r: (r[2], bits(r[1]), r[3], -r[0]), reverse=True)
+        # AIMET's order (score, larger bitwidths, larger saving, earlier group), with the changes that save no
+        # BitOps (activations feeding no Conv/Linear) after the others: they cost accuracy for nothing in the cost
+        rows.sort(key=lambda r: (r[3] > 0, r[2], bits(r[1]), r[3], -r[0]), reverse=True)
         self._rows = rows
         return [(self.groups[i].public, c, s, r) for i, c, s, r in rows]
 
@@ -611,7 +615,7 @@ class _MixedPrecision:
         _save_json([{"group_index": i, "group": self.groups[i].public.to_list(), "candidate": _jsonable(c),
                      "score": s, "bit_ops_reduction": r} for i, c, s, r in rows], path)
 
-    def pareto(self, allowed_drop: float, algo: AMPSearchAlgo) -> list[ParetoEntry]:
+    def pareto(self, allowed_drop: float, algo: AMPSearchAlgo, refine: bool) -> list[ParetoEntry]:
         rows = self._rows
         if not rows:  # no group has a cheaper candidate than the baseline
             self._set({})
@@ -654,13 +658,30 @@ class _MixedPrecision:
         finally:
             bar.close()
         if points[k][1] >= target:
-            self._set(config_of(k))
-            self.chosen = config_of(k)
-        else:  # not even the first change keeps the budget: the baseline
-            self._set({})
-            self.chosen = {}
+            chosen, start = config_of(k), k + 1
+        else:  # not even the first change keeps the budget: start from the baseline
+            chosen, start = {}, 0
+        extra: list[ParetoEntry] = []
+        if refine and math.isfinite(target):
+            # the scores along the list are not monotonic: try each later change alone on top of the choice
+            bar = make_bar(len(rows) - start, enabled=self.progress, desc="mixed precision refine", unit="eval")
+            try:
+                for i, c, _, _ in rows[start:]:
+                    trial = {**chosen, i: c}
+                    if trial != chosen:
+                        self._set(trial)
+                        score = self._evaluate(self.phase2)
+                        if score >= target:
+                            chosen = trial
+                            extra.append((self.cost.bit_ops(trial, self.groups) / start_ops, score,
+                                          self.groups[i].public, c))
+                    bar.advance()
+            finally:
+                bar.close()
+        self._set(chosen)
+        self.chosen = chosen
         self.final_score = self._evaluate(self.phase2)
-        return [points[j] for j in sorted(points)]
+        return [points[j] for j in sorted(points)] + extra
 
     # -- files -------------------------------------------------------------------------------------------
     def write(self, accuracy: list[AccuracyEntry], pareto: list[ParetoEntry], allowed_drop: float) -> None:
@@ -730,6 +751,7 @@ def choose_mixed_precision(
     phase1_optimize: bool = True,
     amp_search_algo: AMPSearchAlgo = AMPSearchAlgo.Binary,
     *,
+    refine: bool = True,
     progress: bool = True,
 ) -> list[ParetoEntry] | None:
     """Choose a precision per quantizer group so the score stays within ``allowed_accuracy_drop`` of fp32 at the
@@ -753,11 +775,15 @@ def choose_mixed_precision(
         phase2_reverse: AIMET's bottom-up phase 2; not implemented (NotImplementedError when True).
         phase1_optimize: accepted for AIMET's signature; phase 1 always reuses each candidate's calibration.
         amp_search_algo: :class:`AMPSearchAlgo` of phase 2.
+        refine: after the search, try each later change of the accuracy list alone on top of the chosen
+            configuration and keep those that stay within the budget (one more evaluation per remaining
+            change; the scores along the list are not monotonic, so the search alone stops early).
         progress: progress bars over the evaluations.
 
     Returns:
-        The evaluated Pareto points ``(BitOps relative to the baseline, score, group, candidate)`` in accuracy-list
-        order, each with all accuracy-list changes up to that group applied; None after an early exit.
+        The evaluated Pareto points ``(BitOps relative to the baseline, score, group, candidate)``: first the
+        accuracy-list prefixes the search evaluated, in list order (all changes up to that group applied), then
+        the changes ``refine`` kept (each on top of the ones before); None after an early exit.
     """
     if not isinstance(sim, QuantizationSimModel):
         raise TypeError(f"sim must be a QuantizationSimModel, got {type(sim).__name__}")
@@ -776,7 +802,8 @@ def choose_mixed_precision(
     if not isinstance(results_dir, (str, os.PathLike)):
         raise TypeError(f"results_dir must be a path (str or os.PathLike), got {type(results_dir).__name__}")
     for name, flag in (("clean_start", clean_start), ("use_all_amp_candidates", use_all_amp_candidates),
-                       ("phase2_reverse", phase2_reverse), ("phase1_optimize", phase1_optimize)):
+                       ("phase2_reverse", phase2_reverse), ("phase1_optimize", phase1_optimize),
+                       ("refine", refine)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     if phase2_reverse:
@@ -811,7 +838,7 @@ def choose_mixed_precision(
     mp.times["phase1"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     # None asks for the whole curve: every point (AIMET's binary search would evaluate only the last one)
-    pareto = mp.pareto(drop, AMPSearchAlgo.BruteForce if allowed_accuracy_drop is None else algo)
+    pareto = mp.pareto(drop, AMPSearchAlgo.BruteForce if allowed_accuracy_drop is None else algo, refine)
     mp.times["phase2"] = time.perf_counter() - t0
     mp.write(accuracy, pareto, drop)
     return pareto
