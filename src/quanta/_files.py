@@ -9,7 +9,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["atomic_write", "read_json"]
+__all__ = ["atomic_write", "read_json", "write_bytes", "write_json"]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -48,6 +48,22 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.unlink(tmp)
         raise
     _fsync_directory(directory)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically, creating its directory."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(raw)
+    atomic_write(path, write)
+
+
+def write_json(path: str | os.PathLike, data: Any, indent: int = 4) -> None:
+    """``data`` as indented JSON at ``path``, atomically (its directory created)."""
+    write_bytes(path, json.dumps(data, indent=indent))
 
 
 def _create_temp(directory: str) -> str:

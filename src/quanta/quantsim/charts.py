@@ -26,10 +26,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from quanta._files import atomic_write
+from quanta._files import write_bytes
 
-__all__ = ["Page", "bar_chart", "histogram_chart", "line_chart", "pyplot", "range_chart", "scatter_chart",
-           "warn_no_matplotlib"]
+__all__ = ["Page", "bar_chart", "histogram_chart", "line_chart", "pyplot", "range_chart", "save_png",
+           "scatter_chart", "warn_no_matplotlib"]
 
 _WARNED = False
 
@@ -193,6 +193,12 @@ def scatter_chart(points: dict[str, tuple[Sequence[float], Sequence[float]]], *,
     return _png(fig, plt)
 
 
+def save_png(png: bytes | None, path: str | os.PathLike) -> None:
+    """Write a chart to ``path`` (atomically); nothing when ``png`` is None (no matplotlib)."""
+    if png is not None:
+        write_bytes(path, png)
+
+
 def _cell(v: Any) -> str:
     if isinstance(v, float):
         return html.escape(f"{v:.6g}")
@@ -238,10 +244,4 @@ class Page:
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the page to ``path`` atomically (its directory is created)."""
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        text = self.html()
-
-        def write(tmp: str) -> None:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-        atomic_write(path, write)
+        write_bytes(path, self.html())

@@ -75,7 +75,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from quanta._files import atomic_write
+from quanta._files import write_json
 from quanta._inputs import call_model
 from quanta.nn import QuantizationMixin
 from quanta.nn.base import eval_mode, quantizers_off
@@ -459,24 +459,6 @@ AccuracyEntry = tuple[QuantizerGroup, Candidate, float, float]
 ParetoEntry = tuple[float, float, QuantizerGroup, Candidate]
 
 
-def _save_json(data: Any, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    text = json.dumps(data, indent=1)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-    atomic_write(path, write)
-
-
-def _save_png(png: bytes | None, path: str) -> None:
-    if png is not None:
-        def write(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                f.write(png)
-        atomic_write(path, write)
-
-
 class _MixedPrecision:
     def __init__(self, sim: QuantizationSimModel, dummy_input: Any, candidates: list[Candidate],
                  phase1: Callable[[nn.Module], Any], phase2: Callable[[nn.Module], Any],
@@ -612,8 +594,8 @@ class _MixedPrecision:
         return [(self.groups[i].public, c, s, r) for i, c, s, r in rows]
 
     def _save_accuracy_rows(self, rows: list, path: str) -> None:
-        _save_json([{"group_index": i, "group": self.groups[i].public.to_list(), "candidate": _jsonable(c),
-                     "score": s, "bit_ops_reduction": r} for i, c, s, r in rows], path)
+        write_json(path, [{"group_index": i, "group": self.groups[i].public.to_list(), "candidate": _jsonable(c),
+                           "score": s, "bit_ops_reduction": r} for i, c, s, r in rows], indent=1)
 
     def pareto(self, allowed_drop: float, algo: AMPSearchAlgo, refine: bool) -> list[ParetoEntry]:
         rows = self._rows
@@ -647,8 +629,9 @@ class _MixedPrecision:
                 score = self._evaluate(self.phase2)
                 i, c, _, _ = rows[k]
                 points[k] = (self.cost.bit_ops(config, self.groups) / start_ops, score, self.groups[i].public, c)
-                _save_json([{"prefix": j, "group_index": rows[j][0], "candidate": _jsonable(rows[j][1]),
-                             "relative_bit_ops": p[0], "score": p[1]} for j, p in sorted(points.items())], cache)
+                write_json(cache, [{"prefix": j, "group_index": rows[j][0], "candidate": _jsonable(rows[j][1]),
+                                    "relative_bit_ops": p[0], "score": p[1]} for j, p in sorted(points.items())],
+                           indent=1)
                 bar.advance()
             return points[k][1]
         try:
@@ -686,8 +669,8 @@ class _MixedPrecision:
     # -- files -------------------------------------------------------------------------------------------
     def write(self, accuracy: list[AccuracyEntry], pareto: list[ParetoEntry], allowed_drop: float) -> None:
         d = self.results_dir
-        _save_json([[p[0], p[1], p[2].to_list(), candidate_str(p[3])] for p in pareto],
-                   os.path.join(d, "pareto_list.json"))
+        write_json(os.path.join(d, "pareto_list.json"),
+                   [[p[0], p[1], p[2].to_list(), candidate_str(p[3])] for p in pareto], indent=1)
         chosen_ops = self.cost.bit_ops(self.chosen, self.groups) / self.cost.bit_ops({}, self.groups)
         info = [["fp32 accuracy", self.fp32], ["baseline candidate", candidate_str(self.baseline)],
                 ["candidate scores", [[candidate_str(c), s] for s, c in self.scores]],
@@ -696,13 +679,13 @@ class _MixedPrecision:
                 ["phase2 eval count", len(pareto)],
                 ["groups changed", sum(1 for i in self.chosen if self.chosen[i] != _for_group(
                     self.baseline, self.groups[i].public))], ["total groups", len(self.groups)]]
-        _save_json(info, os.path.join(d, "amp_info_list.json"))
+        write_json(os.path.join(d, "amp_info_list.json"), info, indent=1)
         # phase 1: one bar per (group, candidate), grouped by candidate
         labels = [f"{g.label()} [{candidate_str(c)}]" for g, c, _, _ in accuracy]
         png = charts.bar_chart(labels, {"score with only this group quantized": [s for _, _, s, _ in accuracy]},
                                ylabel="score", title="Quantizer group sensitivity (phase 1)",
                                baselines={"fp32": self.fp32}, zoom=True)
-        _save_png(png, os.path.join(d, "quantizer_group_sensitivity.png"))
+        charts.save_png(png, os.path.join(d, "quantizer_group_sensitivity.png"))
         page = charts.Page("Quantizer group sensitivity")
         page.paragraph(f"Each group alone at a cheaper candidate than the baseline {candidate_str(self.baseline)}, "
                        f"all other quantizers off; fp32 score {self.fp32:.6g}. Least sensitive first.")
@@ -721,7 +704,7 @@ class _MixedPrecision:
                                    title="Accuracy vs BitOps", front=([x for x, _ in front], [y for _, y in front]),
                                    hline=(f"budget (fp32 − {allowed_drop:g})", self.fp32 - allowed_drop)
                                    if math.isfinite(allowed_drop) else None)
-        _save_png(png, os.path.join(d, "pareto_curve.png"))
+        charts.save_png(png, os.path.join(d, "pareto_curve.png"))
         page = charts.Page("Accuracy vs BitOps")
         page.paragraph(f"fp32 {self.fp32:.6g}; chosen configuration: score {self.final_score:.6g} at "
                        f"{chosen_ops:.3f}× the baseline's BitOps ({candidate_str(self.baseline)}).")

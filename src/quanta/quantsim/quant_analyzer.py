@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 import os
 import warnings
@@ -63,7 +62,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from quanta._files import atomic_write
+from quanta._files import write_json
 from quanta._inputs import call_model
 from quanta.kernels import histograms as hk
 from quanta.nn import QuantizationMixin
@@ -120,26 +119,6 @@ def _check_results_dir(results_dir: Any) -> str:
         raise ValueError(f"results_dir {path!r} exists and is not a directory")
     os.makedirs(path, exist_ok=True)
     return path
-
-
-def _save_json(data: Any, path: str) -> None:
-    text = json.dumps(data, indent=4)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, write)
-
-
-def _save_png(png: bytes | None, path: str) -> None:
-    if png is None:
-        return
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(png)
-    atomic_write(path, write)
 
 
 def _file_name(name: str) -> str:
@@ -369,13 +348,13 @@ class QuantAnalyzer:
 
     def _write_sensitivity(self, sim: QuantizationSimModel, scores: dict[str, float], results_dir: str,
                            title: str, ylabel: str, baseline: tuple[str, str]) -> None:
-        _save_json(scores, os.path.join(results_dir, f"{title}.json"))
+        write_json(os.path.join(results_dir, f"{title}.json"), scores)
         names = list(scores)
         lines = {label: self._scores[key] for key, label in (baseline, ("fp32", "fp32 model"))
                  if key in self._scores}
         png = charts.bar_chart(names, {ylabel: list(scores.values())}, ylabel="score", title=title, baselines=lines,
                                zoom=True)
-        _save_png(png, os.path.join(results_dir, f"{title}.png"))
+        charts.save_png(png, os.path.join(results_dir, f"{title}.png"))
         types = {n: op_types_of(m)[0] for n, m in self._layers(sim)}
         page = charts.Page(title)
         page.paragraph(ylabel + "; " + ", ".join(f"{k}: {v:.6g}" for k, v in lines.items()))
@@ -412,8 +391,8 @@ class QuantAnalyzer:
                 else:
                     weights[key] = (float(lo[0]), float(hi[0]))
         os.makedirs(out_dir, exist_ok=True)
-        _save_json(weights, os.path.join(out_dir, "weights.json"))
-        _save_json(activations, os.path.join(out_dir, "activations.json"))
+        write_json(os.path.join(out_dir, "weights.json"), weights)
+        write_json(os.path.join(out_dir, "activations.json"), activations)
         per_tensor = {k: v for k, v in weights.items() if isinstance(v, tuple)}
         for title, ranges in (("weights", per_tensor), ("activations", activations)):
             if ranges:
@@ -480,10 +459,10 @@ class QuantAnalyzer:
         modules = [(n, present[n]) for n in leaves if n in present]
         errors = measure_layer_errors(sim, itertools.islice(self._unlabeled, self._num_batches), modules)
         mse = {e.name: e.cumulative.mse_sum / max(1, e.cumulative.samples) for e in errors.layers}
-        _save_json(mse, os.path.join(results_dir, "per_layer_mse_loss.json"))
+        write_json(os.path.join(results_dir, "per_layer_mse_loss.json"), mse)
         png = charts.line_chart(list(mse), list(mse.values()), ylabel="MSE loss", title="per_layer_mse_loss",
                                 log=True)
-        _save_png(png, os.path.join(results_dir, "per_layer_mse_loss.png"))
+        charts.save_png(png, os.path.join(results_dir, "per_layer_mse_loss.png"))
         self._charts["mse"] = png
         page = charts.Page("per_layer_mse_loss")
         page.paragraph(f"Output of each layer in the quantized model vs the float model, {self._num_batches} "
