@@ -9,7 +9,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["atomic_write", "read_json", "write_bytes", "write_json"]
+__all__ = ["atomic_write", "output_directory", "read_json", "write_bytes", "write_json"]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -48,6 +48,18 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.unlink(tmp)
         raise
     _fsync_directory(directory)
+
+
+def output_directory(path: Any, name: str = "results_dir") -> str:
+    """``path`` as an absolute directory, created if missing; TypeError (not a path) or ValueError (an existing
+    file) naming the argument ``name``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(path).__name__}")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} exists and is not a directory")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def write_bytes(path: str | os.PathLike, data: bytes | str) -> None:

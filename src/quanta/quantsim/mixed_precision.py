@@ -75,7 +75,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from quanta._files import write_json
+from quanta._files import output_directory, write_json
 from quanta._inputs import call_model
 from quanta.nn import QuantizationMixin
 from quanta.nn.base import eval_mode, quantizers_off
@@ -782,8 +782,6 @@ def choose_mixed_precision(
                                               or not isinstance(allowed_accuracy_drop, (int, float))
                                               or not allowed_accuracy_drop >= 0):
         raise ValueError(f"allowed_accuracy_drop must be None or a number >= 0, got {allowed_accuracy_drop!r}")
-    if not isinstance(results_dir, (str, os.PathLike)):
-        raise TypeError(f"results_dir must be a path (str or os.PathLike), got {type(results_dir).__name__}")
     for name, flag in (("clean_start", clean_start), ("use_all_amp_candidates", use_all_amp_candidates),
                        ("phase2_reverse", phase2_reverse), ("phase1_optimize", phase1_optimize),
                        ("refine", refine)):
@@ -795,10 +793,7 @@ def choose_mixed_precision(
         algo = AMPSearchAlgo(amp_search_algo)
     except ValueError:
         raise ValueError(f"amp_search_algo must be an AMPSearchAlgo, got {amp_search_algo!r}") from None
-    results_dir = os.path.abspath(os.fspath(results_dir))
-    if os.path.exists(results_dir) and not os.path.isdir(results_dir):
-        raise ValueError(f"results_dir {results_dir!r} exists and is not a directory")
-    os.makedirs(results_dir, exist_ok=True)
+    results_dir = output_directory(results_dir)
 
     mp = _MixedPrecision(sim, dummy_input, cands, phase1, phase2, forward, results_dir, clean_start,
                          use_all_amp_candidates, progress)

@@ -62,7 +62,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from quanta._files import write_json
+from quanta._files import output_directory, write_json
 from quanta._inputs import call_model
 from quanta.kernels import histograms as hk
 from quanta.nn import QuantizationMixin
@@ -72,7 +72,7 @@ from quanta.quantsim import charts
 from quanta.quantsim.callbacks import CallbackFunc, check_callback
 from quanta.quantsim.config import op_types_of
 from quanta.quantsim.progress import make_bar
-from quanta.quantsim.quantsim import QuantizationSimModel
+from quanta.quantsim.quantsim import QuantizationSimModel, _check_bw
 from quanta.quantsim.report import measure_layer_errors
 from quanta.quantsim.scheme import QuantScheme
 
@@ -111,16 +111,6 @@ class QuantAnalysis:
         return sorted(self.per_layer_quant_enabled, key=self.per_layer_quant_enabled.__getitem__)[:k]
 
 
-def _check_results_dir(results_dir: Any) -> str:
-    if not isinstance(results_dir, (str, os.PathLike)):
-        raise TypeError(f"results_dir must be a path (str or os.PathLike), got {type(results_dir).__name__}")
-    path = os.path.abspath(os.fspath(results_dir))
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"results_dir {path!r} exists and is not a directory")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 def _file_name(name: str) -> str:
     """A layer name usable as a file name (no path separators)."""
     return name.replace(os.sep, "_").replace("/", "_") or "model"
@@ -140,14 +130,6 @@ def _encoding_range(q: QuantizerBase) -> tuple[torch.Tensor, torch.Tensor] | Non
         hi = enc.maxval.detach().float().flatten()
         return -hi, hi
     return enc.min.detach().float().flatten(), enc.max.detach().float().flatten()
-
-
-def _check_bw(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if not 1 <= value <= 32:
-        raise ValueError(f"{name} must be between 1 and 32, got {value}")
-    return value
 
 
 class QuantAnalyzer:
@@ -213,7 +195,7 @@ class QuantAnalyzer:
         model is captured; otherwise a warning and no fold), ``modules_to_ignore`` excluded, encodings from
         ``forward_pass_callback``."""
         scheme = QuantScheme.parse(quant_scheme)
-        _check_bw("default_param_bw", default_param_bw)
+        _check_bw("default_param_bw", default_param_bw)  # before the copy and the fold
         _check_bw("default_output_bw", default_output_bw)
         model = copy.deepcopy(self._model)
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
@@ -246,7 +228,7 @@ class QuantAnalyzer:
             progress: show a bar over the layers during the per-layer analyses.
         """
         scheme = QuantScheme.parse(quant_scheme)
-        results_dir = _check_results_dir(results_dir)
+        results_dir = output_directory(results_dir)
         sim = self.create_quantsim_and_encodings(scheme, default_param_bw, default_output_bw, config_file)
         fp32, w_only, a_only = self.check_model_sensitivity_to_quantization(sim)
         quantized = self._evaluate(sim.model)
@@ -327,7 +309,7 @@ class QuantAnalyzer:
                                                               progress: bool = True) -> dict[str, float]:
         """``{layer: score}`` with only that layer's quantizers on (all others off); written as
         ``per_layer_quant_enabled.{json,html,png}``. The lowest scores are the most sensitive layers."""
-        results_dir = _check_results_dir(results_dir)
+        results_dir = output_directory(results_dir)
         scores = self._per_layer(sim, only=True, progress=progress)
         self._write_sensitivity(sim, scores, results_dir, "per_layer_quant_enabled",
                                 "score with only this layer quantized", baseline=("fp32", "fp32 model"))
@@ -339,7 +321,7 @@ class QuantAnalyzer:
         """``{layer: score}`` with every layer quantized except that one; written as
         ``per_layer_quant_disabled.{json,html,png}``. The highest scores mark the layers whose quantization
         costs most."""
-        results_dir = _check_results_dir(results_dir)
+        results_dir = output_directory(results_dir)
         scores = self._per_layer(sim, only=False, progress=progress)
         self._write_sensitivity(sim, scores, results_dir, "per_layer_quant_disabled",
                                 "score with all layers but this one quantized",
@@ -371,7 +353,7 @@ class QuantAnalyzer:
         ``weights.json`` / ``activations.json`` (AIMET's layout, see :class:`QuantAnalysis`), a chart page of
         the per-tensor ranges (``weights.html``, ``activations.html``) and one per per-channel weight
         (``<layer>_<param>.html``). Returns ``(weights, activations)``."""
-        out_dir = os.path.join(_check_results_dir(results_dir), "min_max_ranges")
+        out_dir = os.path.join(output_directory(results_dir), "min_max_ranges")
         weights: dict[str, Any] = {}
         activations: dict[str, Range] = {}
         for name, m in self._layers(sim):
@@ -411,7 +393,7 @@ class QuantAnalyzer:
         ``weights_pdf/<layer>/<param>.html`` (per-channel weights: all channels in one histogram, lines at
         the lowest min and highest max). Returns ``(name, relative path)`` of every page. Encodings are
         unchanged."""
-        results_dir = _check_results_dir(results_dir)
+        results_dir = output_directory(results_dir)
         layers = self._layers(sim)
         acts: dict[str, tuple[QuantizerBase, _ValueHistogram]] = {}
         for name, m in layers:
@@ -452,7 +434,7 @@ class QuantAnalyzer:
         if self._unlabeled is None:
             raise RuntimeError("export_per_layer_mse_loss needs data: call enable_per_layer_mse_loss("
                                "unlabeled_dataset_iterable, num_batches) first")
-        results_dir = _check_results_dir(results_dir)
+        results_dir = output_directory(results_dir)
         # AIMET's rows: the original model's leaf modules (unquantized ones, e.g. folded BatchNorms, too)
         leaves = [n for n, m in self._model.named_modules() if n and not next(m.children(), None)]
         present = dict(sim.model.named_modules())
