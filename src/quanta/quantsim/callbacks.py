@@ -14,7 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CallbackFunc", "check_callback"]
+import torch
+from torch import nn
+
+from quanta.nn.base import eval_mode
+
+__all__ = ["CallbackFunc", "check_callback", "evaluate_score"]
 
 
 class CallbackFunc:
@@ -44,3 +49,15 @@ def check_callback(name: str, value: Any) -> Callable[[Any], Any]:
     if not callable(value):
         raise TypeError(f"{name} must be a CallbackFunc or a callable fn(model), got {type(value).__name__}")
     return value
+
+
+def evaluate_score(eval_callback: Callable[[nn.Module], Any], model: nn.Module,
+                   name: str = "eval_callback") -> float:
+    """``eval_callback(model)`` with the model in eval mode under ``torch.no_grad()`` (its modes restored), as a
+    float; TypeError naming ``name`` when it does not return a number."""
+    with eval_mode(model), torch.no_grad():
+        value = eval_callback(model)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must return a number, got {type(value).__name__} {value!r:.60}") from None

@@ -83,7 +83,7 @@ from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
 from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.quantsim import charts, construction
-from quanta.quantsim.callbacks import CallbackFunc, check_callback
+from quanta.quantsim.callbacks import CallbackFunc, check_callback, evaluate_score
 from quanta.quantsim.config import DataType, op_types_of
 from quanta.quantsim.progress import make_bar
 from quanta.quantsim.quantsim import QuantizationSimModel
@@ -478,7 +478,6 @@ class _MixedPrecision:
                           + (" ..." if len(excluded) > 5 else ""), UserWarning, stacklevel=3)
         if not self.groups:
             raise ValueError("sim has no quantizer group whose precision can change")
-        self.candidates = candidates
         self.supported = [self._supported(g, candidates, use_all_amp_candidates) for g in self.groups]
         self.options = [c for c in candidates if all(_for_group(c, g.public) in sup for g, sup in
                                                      zip(self.groups, self.supported))]
@@ -529,12 +528,7 @@ class _MixedPrecision:
         return {i: _for_group(c, g.public) for i, g in enumerate(self.groups)}
 
     def _evaluate(self, fn: Callable[[nn.Module], Any]) -> float:
-        with eval_mode(self.sim.model), torch.no_grad():
-            score = fn(self.sim.model)
-        try:
-            return float(score)
-        except (TypeError, ValueError):
-            raise TypeError(f"eval callbacks must return a number, got {type(score).__name__} {score!r:.60}") from None
+        return evaluate_score(fn, self.sim.model, "eval callbacks")
 
     # -- steps -----------------------------------------------------------------------------------------
     def candidates_scores(self) -> None:

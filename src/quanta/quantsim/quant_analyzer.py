@@ -69,7 +69,7 @@ from quanta.nn import QuantizationMixin
 from quanta.nn.base import eval_mode, quantizers_off
 from quanta.quantization.base import QuantizerBase
 from quanta.quantsim import charts
-from quanta.quantsim.callbacks import CallbackFunc, check_callback
+from quanta.quantsim.callbacks import CallbackFunc, check_callback, evaluate_score
 from quanta.quantsim.config import op_types_of
 from quanta.quantsim.progress import make_bar
 from quanta.quantsim.quantsim import QuantizationSimModel, _check_bw
@@ -250,12 +250,7 @@ class QuantAnalyzer:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, model: nn.Module) -> float:
-        with eval_mode(model), torch.no_grad():
-            score = self._eval_callback(model)
-        try:
-            return float(score)
-        except (TypeError, ValueError):
-            raise TypeError(f"eval_callback must return a number, got {type(score).__name__} {score!r:.60}") from None
+        return evaluate_score(self._eval_callback, model)
 
     @staticmethod
     def _layers(sim: QuantizationSimModel) -> list[tuple[str, QuantizationMixin]]:
