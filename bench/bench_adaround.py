@@ -137,6 +137,8 @@ _CONFIG = {"defaults": {"ops": {"is_output_quantized": "True"},
            "params": {"bias": {"is_quantized": "False"}}, "op_type": {},
            "supergroups": [{"op_list": ["Conv", "Relu"]}], "model_input": {"is_input_quantized": "True"},
            "model_output": {}}
+#: the same with one scale per output channel (the Sequential MSE, QuantAnalyzer and mixed-precision benches)
+PER_CHANNEL_CONFIG = {**_CONFIG, "defaults": {**_CONFIG["defaults"], "per_channel_quantization": "True"}}
 
 
 def main() -> None:

@@ -29,8 +29,7 @@ _spec = importlib.util.spec_from_file_location("bench_adaround", pathlib.Path(__
 bench_adaround = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_adaround)
 
-_CONFIG = {**bench_adaround._CONFIG, "defaults": {**bench_adaround._CONFIG["defaults"],
-                                                   "per_channel_quantization": "True"}}
+_CONFIG = bench_adaround.PER_CHANNEL_CONFIG
 
 
 def _run(library: str, model, data, held_out, mse_batches: int, tmp: str) -> dict:

@@ -136,6 +136,18 @@ class HFEncoder(nn.Module):
         return {"last_hidden_state": x, "pooler_output": torch.tanh(self.pool(x[:, 0]))}
 
 
+def tiny_bert(transformers) -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
+    """transformers' own BertModel (one layer, hidden 16, eval mode, seed 0) and two batches of keyword inputs
+    (``input_ids``, ``attention_mask``), as a user passes them. ``transformers``: the imported module."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=32)
+    model = transformers.BertModel(config).eval()
+    batches = [{"input_ids": torch.randint(0, 50, (4, 8)), "attention_mask": torch.ones(4, 8, dtype=torch.long)}
+               for _ in range(2)]
+    return model, batches
+
+
 def make_token_data(n: int, seq: int = 16, vocab: int = 100, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and an attention mask whose rows end in 0-6 padding positions."""
     g = torch.Generator().manual_seed(seed)

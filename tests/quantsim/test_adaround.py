@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from quantsim_models import tiny_bert
 from torch import nn
 
 import quanta.quantsim.adaround as qa
@@ -138,12 +139,7 @@ def test_per_block_weights():
 
 def test_transformers_model_with_dict_batches():
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=32)
-    model = transformers.BertModel(config).eval()
-    batches = [{"input_ids": torch.randint(0, 50, (4, 8)), "attention_mask": torch.ones(4, 8, dtype=torch.long)}
-               for _ in range(2)]
+    model, batches = tiny_bert(transformers)
     sim = QuantizationSimModel(model, batches[0], default_param_bw=4)
     sim.compute_encodings(batches)
     report = _run(sim, batches, iterations=60)

@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from quantsim_models import tiny_bert
 from torch import nn
 
 from quanta.mixed_precision import (
@@ -238,12 +239,7 @@ def test_bad_input(tmp_path):
 
 def test_transformers_model(tmp_path):
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=32)
-    model = transformers.BertModel(config).eval()
-    batches = [{"input_ids": torch.randint(0, 50, (4, 8)), "attention_mask": torch.ones(4, 8, dtype=torch.long)}
-               for _ in range(2)]
+    model, batches = tiny_bert(transformers)
     with torch.no_grad():
         reference = [model(**b).last_hidden_state for b in batches]
 
