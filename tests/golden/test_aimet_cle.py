@@ -4,8 +4,8 @@
 rebuilt here by that script's own ``build`` (plain torch, same seeds). Every equalized convolution weight and bias
 must match AIMET's to float32 rounding: the scale factors, the depthwise triples, the high-bias absorption through
 ReLU and the BN fold are the same computation; with ReLU6 (not scale-equivariant) only the BN fold happens.
-AIMET also absorbs biases into zero-padded layers, which quanta does only with ``absorb_through_padding=True`` (its
-default leaves those biases where they are; see ``quanta.quantsim.cross_layer_equalization``).
+AIMET also absorbs biases into zero-padded layers, and so does quanta's default; ``absorb_through_padding=False``
+leaves those biases where they are (see ``quanta.quantsim.cross_layer_equalization``).
 """
 
 from __future__ import annotations
@@ -41,21 +41,23 @@ def test_equalize_model_matches_aimet(name):
     model = generator.build(case["seed"], case["activation"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        equalize_model(model, input_shapes=tuple(case["input_shape"]), absorb_through_padding=True)
+        equalize_model(model, input_shapes=tuple(case["input_shape"]))  # the default absorbs as AIMET does
     assert any("ReLU6" in str(w.message) for w in caught) == (case["activation"] == "ReLU6")
     convs = generator.convs(model)
     assert len(convs) == len(case["weights"])
     for i, conv in enumerate(convs):
         torch.testing.assert_close(conv.weight.detach(), _unpack(case["weights"][i], conv.weight), rtol=2e-6,
                                    atol=1e-7, msg=lambda m, i=i: f"conv {i} weight: {m}")
-        torch.testing.assert_close(conv.bias.detach(), _unpack(case["biases"][i], conv.bias), rtol=2e-6,
+        # biases: the absorbed W2 . c is a sum over channels and kernel taps, whose float32 rounding follows the
+        # CPU's vector width (seen: 8 ulps on an AVX-512 machine against AIMET's recording)
+        torch.testing.assert_close(conv.bias.detach(), _unpack(case["biases"][i], conv.bias), rtol=2e-5,
                                    atol=1e-6, msg=lambda m, i=i: f"conv {i} bias: {m}")
 
 
-def test_default_departs_from_aimet_only_on_padded_layers():
+def test_exact_absorption_departs_from_aimet_only_on_padded_layers():
     case = GOLDEN["cases"]["mobilenet_style_0"]
     model = generator.build(case["seed"], case["activation"])
-    equalize_model(model, input_shapes=tuple(case["input_shape"]))
+    equalize_model(model, input_shapes=tuple(case["input_shape"]), absorb_through_padding=False)
     for i, conv in enumerate(generator.convs(model)):
         # every weight is AIMET's (scaling is the same); biases differ only around the padded depthwise layers
         torch.testing.assert_close(conv.weight.detach(), _unpack(case["weights"][i], conv.weight), rtol=2e-6, atol=1e-7)

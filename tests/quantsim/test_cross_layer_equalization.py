@@ -247,16 +247,17 @@ def test_cle_improves_per_tensor_w8_on_a_depthwise_separable_network(seed):
     folded = _settled(_mobilenet_style(seed), x)
     fold_all_batch_norms(folded, dummy_input=x)
     equalized = _settled(_mobilenet_style(seed), x)
-    equalize_model(equalized, dummy_input=x)
+    equalize_model(equalized, dummy_input=x, absorb_through_padding=False)
     like_aimet = _settled(_mobilenet_style(seed), x)
-    equalize_model(like_aimet, dummy_input=x, absorb_through_padding=True)
+    equalize_model(like_aimet, dummy_input=x)  # the default: AIMET's absorption through zero padding
     with torch.no_grad():
         reference = folded(x)  # everything against the original (BN-folded) float model
         assert _sqnr(reference, equalized(x)) > 25  # high-bias absorption: exact but for the 3-sigma tail
         plain = _sqnr(reference, _per_tensor_w8(folded)(x))
         cle = _sqnr(reference, _per_tensor_w8(equalized)(x))
         aimet = _sqnr(reference, _per_tensor_w8(like_aimet)(x))
-    # measured: plain 1.4 / 6.9 / 10.2 dB, CLE 28.3 / 31.9 / 33.0 dB, AIMET's absorption 6.9 / 10.7 / 10.8 dB
+    # measured: plain 1.4 / 6.9 / 10.2 dB, CLE with exact absorption 28.3 / 31.9 / 33.0 dB, with AIMET's
+    # (the default) 6.9 / 10.7 / 10.8 dB: weight-only, the float function kept wins
     assert cle > plain + 15, (plain, cle)
     assert cle > aimet + 15, (aimet, cle)
 
