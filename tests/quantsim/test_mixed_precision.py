@@ -110,6 +110,51 @@ def test_meets_the_budget_with_fewer_bits_and_leaves_the_sim_there(tmp_path):
     assert "data:image/png;base64," in (tmp_path / "pareto_curve.html").read_text()
 
 
+@pytest.mark.parametrize("algo", list(AMPSearchAlgo))
+@pytest.mark.parametrize("refine", [False, True])
+def test_reverse_phase2_starts_low_and_moves_the_sensitive_groups_up(tmp_path, algo, refine):
+    model, data, score, forward = _mlp()
+    sim = QuantizationSimModel(model, data[0], config_file=CONFIG)
+    pareto = choose_mixed_precision(sim, data[0], [W8A16, W4A8], score, score, 0.01, tmp_path, True, forward,
+                                    phase2_reverse=True, amp_search_algo=algo, refine=refine, progress=False)
+    info = dict((k, v) for k, v in json.loads((tmp_path / "amp_info_list.json").read_text()))
+    assert info["final score"] >= 1.0 - 0.01 and score(sim.model) == pytest.approx(info["final score"])
+    assert info["final relative BitOps"] < 1.0
+    assert _bits(sim, "2") == 8 and _bits(sim, "0") == 4  # the outlier layer moved up, another stayed at 4 bits
+    accuracy = json.loads((tmp_path / ".cache" / "accuracy_list.json").read_text())
+    walk = json.loads((tmp_path / ".cache" / "pareto_list_reverse.json").read_text())
+    # the walk reads the accuracy list backwards: the changes that save no BitOps (listed last) are undone first,
+    # for free, then the most sensitive of the others, to the baseline
+    saving = {r["group_index"]: r["bit_ops_reduction"] for r in accuracy}
+    walk_order = sorted(walk, key=lambda p: p["prefix"])
+    free = [p for p in walk_order if saving[p["group_index"]] == 0]
+    assert walk_order[:len(free)] == free
+    if len(walk_order) > len(free):
+        worst = min((r for r in accuracy if r["bit_ops_reduction"] > 0), key=lambda r: r["score"])
+        first = walk_order[len(free)]
+        assert first["group_index"] == worst["group_index"] and first["candidate"] == [[16, "int"], [8, "int"]]
+    # relative BitOps rise along the walk (it only moves groups up) and the points match the returned list
+    costs = [p["relative_bit_ops"] for p in sorted(walk, key=lambda p: p["prefix"])]
+    assert costs == sorted(costs) and costs[0] < 1.0
+    assert [p[:2] for p in pareto][:len(walk)] == [(p["relative_bit_ops"], p["score"])
+                                                  for p in sorted(walk, key=lambda p: p["prefix"])]
+
+
+def test_reverse_phase2_ends_at_the_baseline_when_only_it_meets_the_budget(tmp_path):
+    model, data, score, forward = _mlp()
+    sim = QuantizationSimModel(model, data[0], config_file=CONFIG)
+
+    def strict(m):  # any 4-bit weight costs: with a zero budget only the walk's end (every group moved up) meets it
+        weights = [m.get_submodule(n).param_quantizers["weight"] for n in ("0", "2", "4")]
+        return 0.5 if any(q is not None and q.bitwidth == 4 for q in weights) else 1.0
+
+    with torch.no_grad():
+        pareto = choose_mixed_precision(sim, data[0], [W8A16, W4A8], strict, strict, 0.0, tmp_path, True, forward,
+                                        phase2_reverse=True, progress=False)
+    assert [_bits(sim, n) for n in ("0", "2", "4")] == [8, 8, 8]
+    assert pareto[-1][:2] == (1.0, 1.0)  # the last point: everything back at the baseline
+
+
 def test_bit_ops_savings_are_macs_times_bits(tmp_path):
     model, data, score, forward = _mlp()
     sim = QuantizationSimModel(model, data[0], config_file=CONFIG)
@@ -229,8 +274,8 @@ def test_bad_input(tmp_path):
         choose_mixed_precision(sim, data[0], [W8A16, W4A8], 1.0, *args[3:])
     with pytest.raises(ValueError, match="allowed_accuracy_drop"):
         choose_mixed_precision(sim, *args[:4], -0.1, *args[5:])
-    with pytest.raises(NotImplementedError, match="phase2_reverse"):
-        choose_mixed_precision(sim, *args, phase2_reverse=True)
+    with pytest.raises(TypeError, match="phase2_reverse"):
+        choose_mixed_precision(sim, *args, phase2_reverse=1)
     with pytest.raises(ValueError, match="amp_search_algo"):
         choose_mixed_precision(sim, *args, amp_search_algo=7)
     with pytest.raises(TypeError, match="clean_start"):

@@ -25,9 +25,15 @@ The search is AIMET's greedy two-phase algorithm:
    cumulatively; a binary search (or interpolation, or every point) over that list finds the longest prefix
    whose ``eval_callback_for_phase2`` score stays within ``allowed_accuracy_drop`` of fp32 (None: the whole
    curve). Each evaluated prefix is a point of the Pareto curve (relative BitOps, score).
+   With ``phase2_reverse=True`` (AIMET's bottom-up variant) phase 2 starts from every group at the cheapest
+   candidate and reads the accuracy list backwards, most sensitive change first: at each entry
+   ``(group, candidate)`` the group moves up to its next less sensitive candidate (after its last, the
+   baseline); the search finds the shortest walk whose score is back within the budget (none: the baseline
+   everywhere).
 4. Refinement (quanta's, ``refine=True``): the scores along the list are not monotonic, so the search stops
    early; each later change is then tried alone on top of the chosen prefix and kept if the score stays within
-   the budget. The sim is left at the chosen configuration, with its encodings computed.
+   the budget (in reverse: each move of the chosen walk is undone, latest first, where the score allows). The
+   sim is left at the chosen configuration, with its encodings computed.
 
 Faster than AIMET where it counts: each candidate is calibrated once (step 1) and its encodings are kept in a
 quantizer per slot and bitwidth, so phases 1 and 2 only swap quantizers instead of re-running calibration for
@@ -441,6 +447,16 @@ def _interpolation_search_ascending(values: Sequence[Callable[[], float]], targe
     return left if values[left]() >= target else right
 
 
+def _search_ascending(values: Sequence[Callable[[], float]], target: float, algo: AMPSearchAlgo) -> int:
+    """The smallest index of ``values`` (scores of ever dearer configurations, roughly ascending) at or above
+    ``target`` (the last when none is): phase 2 in reverse."""
+    if algo is AMPSearchAlgo.BruteForce:
+        meeting = [i for i, v in enumerate(values) if v() >= target]  # every point evaluated
+        return meeting[0] if meeting else len(values) - 1
+    fn = _binary_search_ascending if algo is AMPSearchAlgo.Binary else _interpolation_search_ascending
+    return fn(values, target)
+
+
 def _search(values: Sequence[Callable[[], float]], target: float, algo: AMPSearchAlgo) -> int:
     """The largest index of ``values`` (scores of ever cheaper configurations, roughly descending) still at or
     above ``target`` (0 when none is)."""
@@ -591,28 +607,58 @@ class _MixedPrecision:
         write_json(path, [{"group_index": i, "group": self.groups[i].public.to_list(), "candidate": _jsonable(c),
                            "score": s, "bit_ops_reduction": r} for i, c, s, r in rows], indent=1)
 
-    def pareto(self, allowed_drop: float, algo: AMPSearchAlgo, refine: bool) -> list[ParetoEntry]:
-        rows = self._rows
-        if not rows:  # no group has a cheaper candidate than the baseline
+    def _moves(self, reverse: bool) -> tuple[dict[int, Candidate], list[tuple[int, Candidate, Candidate]]]:
+        """Phase 2's walk: the configuration it starts from and its moves ``(group, to, from)``.
+
+        Forward, the accuracy list as is from the baseline. Reverse (AIMET's ``phase2_reverse``), from every group
+        at the cheapest uniform candidate, the accuracy list read backwards (most sensitive change first): at each
+        entry ``(group, candidate)`` the group moves up to the next of its candidates in that order (its next
+        less sensitive one), or to the baseline after its last."""
+        if not reverse:
+            start: dict[int, Candidate] = {}
+            current = {i: _for_group(self.baseline, g.public) for i, g in enumerate(self.groups)}
+            moves = []
+            for i, c, _, _ in self._rows:
+                moves.append((i, c, current[i]))
+                current[i] = c
+            return start, moves
+        rows = list(reversed(self._rows))
+        order: dict[int, list[Candidate]] = {}
+        for i, c, _, _ in rows:
+            order.setdefault(i, []).append(c)
+        start = self._uniform(self.lowest()[1])
+        current = dict(start)
+        moves = []
+        for i, c, _, _ in rows:
+            later = order[i][order[i].index(c) + 1:]
+            to = later[0] if later else _for_group(self.baseline, self.groups[i].public)
+            moves.append((i, to, current[i]))
+            current[i] = to
+        return start, moves
+
+    def pareto(self, allowed_drop: float, algo: AMPSearchAlgo, refine: bool, reverse: bool = False
+               ) -> list[ParetoEntry]:
+        if not self._rows:  # no group has a cheaper candidate than the baseline
             self._set({})
             self.chosen = {}
             self.final_score = self._evaluate(self.phase2)
             return []
-        start_ops = self.cost.bit_ops({}, self.groups)
-        cache = os.path.join(self.results_dir, ".cache", "pareto_list.json")
+        start, moves = self._moves(reverse)
+        base_ops = self.cost.bit_ops({}, self.groups)
+        cache = os.path.join(self.results_dir, ".cache", "pareto_list_reverse.json" if reverse else "pareto_list.json")
         points: dict[int, ParetoEntry] = {}
         if os.path.isfile(cache) and not self.clean_start:
             with open(cache, encoding="utf-8") as f:
                 saved = {(e["group_index"], tuple(map(tuple, e["candidate"]))): e for e in json.load(f)}
-            for k, (i, c, _, _) in enumerate(rows):
+            for k, (i, c, _) in enumerate(moves):
                 e = saved.get((i, tuple(map(tuple, _jsonable(c)))))
                 if e is not None and e["prefix"] == k:
                     points[k] = (e["relative_bit_ops"], e["score"], self.groups[i].public, c)
         bar = make_bar(None, enabled=self.progress, desc="mixed precision phase 2", unit="eval")
 
         def config_of(k: int) -> dict[int, Candidate]:
-            config: dict[int, Candidate] = {}
-            for i, c, _, _ in rows[:k + 1]:
+            config = dict(start)
+            for i, c, _ in moves[:k + 1]:
                 config[i] = c
             return config
 
@@ -621,36 +667,51 @@ class _MixedPrecision:
                 config = config_of(k)
                 self._set(config)
                 score = self._evaluate(self.phase2)
-                i, c, _, _ = rows[k]
-                points[k] = (self.cost.bit_ops(config, self.groups) / start_ops, score, self.groups[i].public, c)
-                write_json(cache, [{"prefix": j, "group_index": rows[j][0], "candidate": _jsonable(rows[j][1]),
+                i, c, _ = moves[k]
+                points[k] = (self.cost.bit_ops(config, self.groups) / base_ops, score, self.groups[i].public, c)
+                write_json(cache, [{"prefix": j, "group_index": moves[j][0], "candidate": _jsonable(moves[j][1]),
                                     "relative_bit_ops": p[0], "score": p[1]} for j, p in sorted(points.items())],
                            indent=1)
                 bar.advance()
             return points[k][1]
+        target = self.fp32 - allowed_drop
         try:
-            values = [lambda k=k: point(k) for k in range(len(rows))]
-            target = self.fp32 - allowed_drop
-            k = _search(values, target, algo)
+            values = [lambda k=k: point(k) for k in range(len(moves))]
+            if not reverse:  # the longest prefix still within the budget
+                k = _search(values, target, algo)
+            elif math.isfinite(target):  # scores rise along the moves: the shortest prefix back within it
+                k = _search_ascending(values, target, algo)
+            else:  # no budget: the whole curve, and its cheapest point, the start
+                for value in values:
+                    value()
+                k = -1
         finally:
             bar.close()
-        if points[k][1] >= target:
-            chosen, start = config_of(k), k + 1
-        else:  # not even the first change keeps the budget: start from the baseline
-            chosen, start = {}, 0
+        if k < 0:
+            chosen, met = dict(start), True
+        else:
+            met = points[k][1] >= target
+            chosen = config_of(k) if met else {}  # no prefix keeps the budget: the baseline
         extra: list[ParetoEntry] = []
-        if refine and math.isfinite(target):
-            # the scores along the list are not monotonic: try each later change alone on top of the choice
-            bar = make_bar(len(rows) - start, enabled=self.progress, desc="mixed precision refine", unit="eval")
+        if refine and math.isfinite(target) and (met or not reverse):
+            # the scores along the list are not monotonic, so the search stops early: forward, try each later
+            # change alone on top of the choice (every change, when none met the budget); reverse, try to undo
+            # each move the choice made, latest first
+            trials = ([(i, c) for i, c, _ in moves[k + 1 if met else 0:]] if not reverse else
+                      [(i, previous) for i, _, previous in reversed(moves[:k + 1])])
+            bar = make_bar(len(trials), enabled=self.progress, desc="mixed precision refine", unit="eval")
             try:
-                for i, c, _, _ in rows[start:]:
+                for j, (i, c) in enumerate(trials):
+                    if reverse and chosen.get(i) != moves[k - j][1]:  # moved again later: not this move's to undo
+                        bar.advance()
+                        continue
                     trial = {**chosen, i: c}
                     if trial != chosen:
                         self._set(trial)
                         score = self._evaluate(self.phase2)
                         if score >= target:
                             chosen = trial
-                            extra.append((self.cost.bit_ops(trial, self.groups) / start_ops, score,
+                            extra.append((self.cost.bit_ops(trial, self.groups) / base_ops, score,
                                           self.groups[i].public, c))
                     bar.advance()
             finally:
@@ -749,7 +810,9 @@ def choose_mixed_precision(
         forward_pass_callback: calibration, ``fn(model)`` or :class:`CallbackFunc`.
         use_all_amp_candidates: ignore the config's ``supported_kernels`` (else each group only takes the
             candidates its layers' kernels support).
-        phase2_reverse: AIMET's bottom-up phase 2; not implemented (NotImplementedError when True).
+        phase2_reverse: AIMET's bottom-up phase 2: start from every group at the cheapest candidate and move the
+            most sensitive groups up first, stopping at the shortest walk that meets the budget (see the module
+            docstring); worth it when most groups must stay at the baseline.
         phase1_optimize: accepted for AIMET's signature; phase 1 always reuses each candidate's calibration.
         amp_search_algo: :class:`AMPSearchAlgo` of phase 2.
         refine: after the search, try each later change of the accuracy list alone on top of the chosen
@@ -781,8 +844,6 @@ def choose_mixed_precision(
                        ("refine", refine)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
-    if phase2_reverse:
-        raise NotImplementedError("phase2_reverse=True (AIMET's bottom-up phase 2) is not implemented in quanta")
     try:
         algo = AMPSearchAlgo(amp_search_algo)
     except ValueError:
@@ -810,7 +871,8 @@ def choose_mixed_precision(
     mp.times["phase1"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     # None asks for the whole curve: every point (AIMET's binary search would evaluate only the last one)
-    pareto = mp.pareto(drop, AMPSearchAlgo.BruteForce if allowed_accuracy_drop is None else algo, refine)
+    pareto = mp.pareto(drop, AMPSearchAlgo.BruteForce if allowed_accuracy_drop is None else algo, refine,
+                       reverse=phase2_reverse)
     mp.times["phase2"] = time.perf_counter() - t0
     mp.write(accuracy, pareto, drop)
     return pareto
