@@ -151,6 +151,34 @@ def test_transformers_model_with_dict_batches():
     assert sum(r.mse_adaround for r in report.layers) < sum(r.mse_nearest for r in report.layers)
 
 
+class TiedHead(nn.Module):
+    """A token embedding and an output Linear sharing one weight (GPT-2's lm_head and wte)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(20, 12)
+        self.mid = nn.Linear(12, 12)
+        self.head = nn.Linear(12, 20, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.mid(self.wte(ids))))
+
+
+def test_a_tied_weight_is_left_at_nearest_rounding_and_named(recwarn):
+    torch.manual_seed(0)
+    model = TiedHead().eval()
+    data = [torch.randint(0, 20, (4, 6)) for _ in range(2)]
+    sim = _sim(model, data)
+    sim.exclude_layers_from_quantization([sim.model.get_submodule("wte")])  # the lookup stays float
+    table = sim.model.get_submodule("wte").weight.detach().clone()
+    warnings.simplefilter("always")
+    report = _run(sim, data)
+    assert [r.name for r in report.layers] == ["mid"]  # the head's weight is the embedding's: not written
+    assert any("head left at nearest rounding: its weight is tied to wte" in str(w.message) for w in recwarn)
+    assert torch.equal(sim.model.get_submodule("wte").weight, table)
+
+
 def test_aimet_api_returns_a_copy_and_writes_the_file_set_and_freeze_reads(tmp_path):
     model, data = _cnn()
     original = {k: v.clone() for k, v in model.state_dict().items()}

@@ -62,6 +62,7 @@ import json  # noqa: F401  (the doctests read the encodings file)
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -347,7 +348,13 @@ def _following_activations(sim: QuantizationSimModel) -> dict[str, nn.Module]:
 
 
 def _adaroundable(sim: QuantizationSimModel) -> list[tuple[str, QuantizationMixin]]:
-    """The sim's layers AdaRound applies to: a supported type with an integer weight quantizer."""
+    """The sim's layers AdaRound applies to: a supported type with an integer weight quantizer, and a weight of
+    its own (AdaRound writes the rounded weight into the parameter: a tied one, such as GPT-2's ``lm_head`` and
+    token embedding, would change the other module too)."""
+    holders: dict[int, list[str]] = {}
+    for name, module in sim.model.named_modules():
+        for p in module.parameters(recurse=False):
+            holders.setdefault(id(p), []).append(name)
     found = []
     for name, module in sim.model.named_modules():
         if not isinstance(module, QuantizationMixin) or not isinstance(module, AdaroundSupportedModules):
@@ -362,6 +369,11 @@ def _adaroundable(sim: QuantizationSimModel) -> list[tuple[str, QuantizationMixi
         if not q.is_initialized():
             raise RuntimeError(f"the weight quantizer of {name} has no encoding; compute the parameter encodings "
                                "first (sim.compute_encodings)")
+        others = [n for n in holders[id(module.weight)] if n != name]
+        if others:
+            warnings.warn(f"adaround: {name} left at nearest rounding: its weight is tied to {', '.join(others)}, "
+                          "which writing the rounded weight would change too", UserWarning, stacklevel=4)
+            continue
         found.append((name, module))
     return found
 
