@@ -57,6 +57,35 @@ def test_graph_pass_and_streaming_choose_the_same_ranges(build, symmetry, monkey
         assert all(torch.equal(ra[k][0], rb[k][0]) and torch.equal(ra[k][1], rb[k][1]) for k in ra)
 
 
+@pytest.mark.parametrize("symmetry", ["symqt", "asym"])
+def test_transposed_linear_searches_as_the_linear_it_is(symmetry):
+    from quanta.nn.functional import TransposedLinear  # GPT-2's Conv1D after capture: weight stored (in, out)
+
+    class Transposed(nn.Module):
+        def __init__(self, linears):
+            super().__init__()
+            self.a, self.b = (TransposedLinear(nn.Parameter(m.weight.detach().t().clone()),
+                                               nn.Parameter(m.bias.detach().clone())) for m in linears)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(0)
+    linear = nn.Sequential(nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 8)).eval()
+    transposed = Transposed([linear[0], linear[2]]).eval()
+    data = [torch.randn(8, 16) for _ in range(3)]
+    sims = [QuantizationSimModel(m, data[0], default_param_bw=4) for m in (linear, transposed)]
+    reports = [apply_seq_mse(sim, data, num_candidates=10, inp_symmetry=symmetry, progress=False) for sim in sims]
+    assert [r.name for r in reports[1].layers] == ["a", "b"]
+    for ln, tn in (("0", "a"), ("2", "b")):
+        ql = sims[0].model.get_submodule(ln).param_quantizers["weight"]
+        qt = sims[1].model.get_submodule(tn).param_quantizers["weight"]
+        assert not qt.min.requires_grad  # chosen and frozen
+        torch.testing.assert_close(qt.min.detach().t(), ql.min.detach(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(qt.max.detach().t(), ql.max.detach(), rtol=1e-6, atol=1e-7)
+    assert [r.mean_fraction for r in reports[1].layers] == [r.mean_fraction for r in reports[0].layers]
+
+
 def test_chosen_ranges_lower_the_output_error_and_are_frozen():
     model, data = _mlp()
     sim = QuantizationSimModel(model, data[0], default_param_bw=4)

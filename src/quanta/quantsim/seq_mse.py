@@ -58,6 +58,7 @@ from torch.nn import functional as F
 from quanta._inputs import call_model
 from quanta.nn import QuantizationMixin
 from quanta.nn.base import eval_mode, quantizers_off
+from quanta.nn.functional import TransposedLinear
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantsim.layer_data import LayerData, LayerWalker, model_inputs, run_order
 from quanta.quantsim.progress import make_bar
@@ -68,8 +69,9 @@ __all__ = ["SUPPORTED_MODULES", "SUPPORTED_PARAM_BW", "SeqMseLayerResult", "SeqM
 
 logger = logging.getLogger(__name__)
 
-#: Layer types whose weight ranges are searched (AIMET's: Linear and Conv2d; quanta adds Conv1d and Conv3d).
-SUPPORTED_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: Layer types whose weight ranges are searched (AIMET's: Linear and Conv2d; quanta adds Conv1d, Conv3d and
+#: TransposedLinear, GPT-2's ``Conv1D``: a Linear whose weight is stored ``(in, out)``).
+SUPPORTED_MODULES = (nn.Linear, TransposedLinear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 #: Weights of more bits keep their ranges (AIMET's rule: the search pays off where the grid is coarse).
 SUPPORTED_PARAM_BW = 4
@@ -177,8 +179,9 @@ def _freeze(q: QuantizeDequantize) -> None:
 
 def _input_block_size(module: nn.Module, q: QuantizeDequantize) -> int:
     """Input channels per block of the weight (all of them without blocks)."""
-    in_channels = module.weight.shape[1]
-    return in_channels if q.block_size is None or len(q.shape) < 2 else in_channels // q.shape[1]
+    axis = 0 if isinstance(module, TransposedLinear) else 1  # TransposedLinear: (in, out), blocks along dim 0
+    in_channels = module.weight.shape[axis]
+    return in_channels if q.block_size is None or len(q.shape) < 2 else in_channels // q.shape[axis]
 
 
 def _recon_loss(pred: torch.Tensor, target: torch.Tensor, params: SeqMseParams) -> torch.Tensor:
@@ -231,6 +234,7 @@ def _search(name: str, module: QuantizationMixin, xs: Sequence[torch.Tensor], xq
     lo, hi = q.get_min().detach().clone(), q.get_max().detach().clone()
     n = params.num_candidates
     block = _input_block_size(module, q)
+    transposed = isinstance(module, TransposedLinear)  # the same search on the (out, in) view of its weight
     w = module.weight.detach()
     losses = []
     for k in range(n):
@@ -238,11 +242,14 @@ def _search(name: str, module: QuantizationMixin, xs: Sequence[torch.Tensor], xq
         wq = q(w).as_subclass(torch.Tensor)
         total: Any = 0
         for x, xq in zip(xs, xqs):
-            if isinstance(module, nn.Linear):
+            if transposed:
+                total = total + _linear_loss(x, xq, w.t(), wq.t(), block, params)
+            elif isinstance(module, nn.Linear):
                 total = total + _linear_loss(x, xq, w, wq, block, params)
             else:
                 total = total + _conv_loss(module, x, xq, w, wq, block, params)
-        losses.append(_to_quantizer_shape(total, q.shape))
+        losses.append(_to_quantizer_shape(total, tuple(reversed(q.shape))).t() if transposed
+                      else _to_quantizer_shape(total, q.shape))
     stacked = torch.stack(losses)
     best = stacked.min(0)[1]
     _set_candidate_range(q, lo / n * (best + 1), hi / n * (best + 1))
