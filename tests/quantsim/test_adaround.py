@@ -179,6 +179,30 @@ def test_a_tied_weight_is_left_at_nearest_rounding_and_named(recwarn):
     assert torch.equal(sim.model.get_submodule("wte").weight, table)
 
 
+def test_apply_adaround_with_cache_reads_aimets_file_and_gives_apply_adarounds_result(tmp_path):
+    model, data = _cnn()
+    params = AdaroundParameters(data, num_batches=3, default_num_iterations=20)
+    config = tmp_path / "checkpoints.json"
+    config.write_text(json.dumps({"grouped_modules": {"0": ["0", "1"], "1": ["2", "3", "4"]},
+                                  "include_static_inputs": ["False", "False"], "cache_on_cpu": "True"}))
+    torch.manual_seed(0)
+    plain = Adaround.apply_adaround(model, data[0], params, path=tmp_path / "a", filename_prefix="ada")
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="checkpoints split is not needed"):
+        cached = Adaround.apply_adaround_with_cache(model, data[0], params, path=tmp_path / "b", filename_prefix="ada",
+                                                    checkpoints_config=str(config))
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), cached.state_dict().values()))
+    assert (tmp_path / "a" / "ada.encodings").read_text() == (tmp_path / "b" / "ada.encodings").read_text()
+    with pytest.raises(ValueError, match="needs checkpoints_config"):
+        Adaround.apply_adaround_with_cache(model, data[0], params, tmp_path, "ada")
+    config.write_text(json.dumps({"grouped_modules": {"0": ["0", "encoder.9"]}}))
+    with pytest.raises(ValueError, match="model lacks: encoder.9"):
+        Adaround.apply_adaround_with_cache(model, data[0], params, tmp_path, "ada", checkpoints_config=config)
+    config.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="is not AIMET's checkpoints file"):
+        Adaround.apply_adaround_with_cache(model, data[0], params, tmp_path, "ada", checkpoints_config=config)
+
+
 def test_aimet_api_returns_a_copy_and_writes_the_file_set_and_freeze_reads(tmp_path):
     model, data = _cnn()
     original = {k: v.clone() for k, v in model.state_dict().items()}

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json  # noqa: F401  (the doctests read the encodings file)
+import json
 import logging
 import os
 import time
@@ -607,3 +607,51 @@ class Adaround:
                     raise RuntimeError(f"adaround: the copy of the model has no parameter {key}")
                 own[key].copy_(sim.model.get_submodule(name).weight)
         return result
+
+    @classmethod
+    def apply_adaround_with_cache(
+        cls,
+        model: nn.Module,
+        dummy_input: torch.Tensor | tuple[torch.Tensor, ...],
+        params: AdaroundParameters,
+        path: str | os.PathLike,
+        filename_prefix: str,
+        default_param_bw: int = 4,
+        param_bw_override_list: Sequence[tuple[nn.Module, int]] | None = None,
+        ignore_quant_ops_list: Sequence[nn.Module] | None = None,
+        default_quant_scheme: QuantScheme | str = "post_training_tf_enhanced",
+        default_config_file: str | os.PathLike | Mapping | None = None,
+        checkpoints_config: str | os.PathLike | None = None,
+    ) -> nn.Module:
+        """AIMET's variant of :meth:`apply_adaround` for models whose layer data do not fit: it caches each
+        block's outputs as ``checkpoints_config`` (AIMET's JSON file of ``grouped_modules``) splits the model.
+
+        quanta's layer data already come from one pass over the captured graph and stream past a memory budget
+        whatever the call, so this is :meth:`apply_adaround` with the same arguments and result: the file is
+        required and read, as AIMET requires it, and its split is not needed (a warning says so).
+
+        Raises ValueError without ``checkpoints_config``, for a file that is not AIMET's JSON with a
+        ``grouped_modules`` object, or one naming a module ``model`` lacks; otherwise as :meth:`apply_adaround`.
+        """
+        if checkpoints_config is None:
+            raise ValueError("apply_adaround_with_cache needs checkpoints_config, the path of AIMET's checkpoints "
+                             "JSON file (or call apply_adaround, which needs none)")
+        if not isinstance(checkpoints_config, (str, os.PathLike)):
+            raise TypeError(f"checkpoints_config must be a file path, got {type(checkpoints_config).__name__}")
+        try:
+            with open(checkpoints_config, encoding="utf-8") as f:
+                groups = json.load(f)["grouped_modules"]
+            names = [n for block in dict(groups).values() for n in block]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"checkpoints_config {os.fspath(checkpoints_config)!r} is not AIMET's checkpoints "
+                             f"file (a JSON object with 'grouped_modules'): {e}") from None
+        modules = dict(model.named_modules()) if isinstance(model, nn.Module) else {}
+        unknown = [n for n in names if n not in modules]
+        if isinstance(model, nn.Module) and unknown:
+            raise ValueError(f"checkpoints_config names modules model lacks: {', '.join(unknown[:5])}")
+        warnings.warn("apply_adaround_with_cache: the checkpoints split is not needed (quanta collects every "
+                      "layer's data in one pass over the captured graph, streaming past its memory budget); "
+                      "running apply_adaround", UserWarning, stacklevel=2)
+        return cls.apply_adaround(model, dummy_input, params, path, filename_prefix, default_param_bw,
+                                  param_bw_override_list, ignore_quant_ops_list, default_quant_scheme,
+                                  default_config_file)

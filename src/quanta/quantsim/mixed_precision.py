@@ -813,7 +813,9 @@ def choose_mixed_precision(
         phase2_reverse: AIMET's bottom-up phase 2: start from every group at the cheapest candidate and move the
             most sensitive groups up first, stopping at the shortest walk that meets the budget (see the module
             docstring); worth it when most groups must stay at the baseline.
-        phase1_optimize: accepted for AIMET's signature; phase 1 always reuses each candidate's calibration.
+        phase1_optimize: AIMET's switch to its faster phase 1, which calibrates every group at a candidate once
+            and reuses it: quanta's phase 1 always does (``False`` changes nothing). AIMET's phase 3 (convert-op
+            reduction) is off in aimet-torch 2.42 and not in quanta.
         amp_search_algo: :class:`AMPSearchAlgo` of phase 2.
         refine: after the search, try each later change of the accuracy list alone on top of the chosen
             configuration and keep those that stay within the budget (one more evaluation per remaining
