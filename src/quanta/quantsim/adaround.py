@@ -369,7 +369,7 @@ def _adaroundable(sim: QuantizationSimModel) -> list[tuple[str, QuantizationMixi
         if not q.is_initialized():
             raise RuntimeError(f"the weight quantizer of {name} has no encoding; compute the parameter encodings "
                                "first (sim.compute_encodings)")
-        others = [n for n in holders[id(module.weight)] if n != name]
+        others = [n for n in holders.get(id(module.weight), ()) if n != name]  # computed weights: own
         if others:
             warnings.warn(f"adaround: {name} left at nearest rounding: its weight is tied to {', '.join(others)}, "
                           "which writing the rounded weight would change too", UserWarning, stacklevel=4)
