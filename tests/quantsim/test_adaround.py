@@ -179,6 +179,15 @@ def test_a_tied_weight_is_left_at_nearest_rounding_and_named(recwarn):
     assert torch.equal(sim.model.get_submodule("wte").weight, table)
 
 
+def test_a_weight_norm_layer_is_its_own():  # wav2vec2's positional conv: the weight is computed, not a parameter
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3)), nn.ReLU(),
+                          nn.Conv1d(6, 2, 1)).eval()
+    data = [torch.randn(4, 4, 12) for _ in range(2)]
+    report = _run(_sim(model, data), data)
+    assert "2" in [r.name for r in report.layers]
+
+
 def test_apply_adaround_with_cache_reads_aimets_file_and_gives_apply_adarounds_result(tmp_path):
     model, data = _cnn()
     params = AdaroundParameters(data, num_batches=3, default_num_iterations=20)
