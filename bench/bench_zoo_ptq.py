@@ -189,6 +189,9 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(zoo_models.ZOO), help="comma-separated zoo names")
     parser.add_argument("--iterations", type=int, default=200, help="AdaRound steps per layer")
     parser.add_argument("--candidates", type=int, default=20, help="Sequential MSE ranges per channel")
+    parser.add_argument("--batches", type=int, default=16,
+                        help="calibration batches (the zoo's batch size and length); AdaRound learns one rounding "
+                             "choice per weight, and on the zoo's 4 batches it overfits the small ViTs")
     args = parser.parse_args()
     names = args.models.split(",")
     unknown = sorted(set(names) - set(zoo_models.ZOO))
@@ -198,7 +201,8 @@ def main() -> None:
     logging.disable(logging.WARNING)
     bench_adaround._without_stub_torchvision()
     with_aimet = importlib.util.find_spec("aimet_torch") is not None
-    batches, batch, length = zoo_models.CALIBRATION
+    _, batch, length = zoo_models.CALIBRATION
+    batches = args.batches
     print(f"W4 (per channel, min-max) A8; {batches} calibration batches of {batch} at length {length}, held out "
           f"{zoo_models.EVALUATION}; AdaRound {args.iterations} steps/layer, SeqMSE {args.candidates} candidates; "
           f"output SQNR dB vs float, technique seconds; threads {torch.get_num_threads()}")
