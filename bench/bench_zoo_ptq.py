@@ -17,7 +17,8 @@ config with per-channel weights (AIMET's placement: model input and every op out
 ``apply_seq_mse`` and ``Adaround.apply_adaround`` (its encodings frozen into a new sim) beside quanta's, on the same
 data; times are the technique's own (seconds).
 
-Run: ``python bench/bench_zoo_ptq.py [--models resnet,bert] [--iterations 200]`` (about 10 minutes for the zoo).
+Run: ``python bench/bench_zoo_ptq.py [--models resnet,bert] [--iterations 500] [--batches 4]`` (about 10 minutes
+for the zoo on 2 cores).
 """
 
 from __future__ import annotations
@@ -187,11 +188,10 @@ def _line(name: str, library: str, rows: dict[str, tuple[float, float]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(zoo_models.ZOO), help="comma-separated zoo names")
-    parser.add_argument("--iterations", type=int, default=200, help="AdaRound steps per layer")
+    parser.add_argument("--iterations", type=int, default=500, help="AdaRound steps per layer")
     parser.add_argument("--candidates", type=int, default=20, help="Sequential MSE ranges per channel")
-    parser.add_argument("--batches", type=int, default=16,
-                        help="calibration batches (the zoo's batch size and length); AdaRound learns one rounding "
-                             "choice per weight, and on the zoo's 4 batches it overfits the small ViTs")
+    parser.add_argument("--batches", type=int, default=zoo_models.CALIBRATION[0],
+                        help="calibration batches (the zoo's batch size and length)")
     args = parser.parse_args()
     names = args.models.split(",")
     unknown = sorted(set(names) - set(zoo_models.ZOO))
