@@ -119,7 +119,10 @@ def main(out_path: str | None = None) -> None:
         name = os.path.basename(path)
         result["configs"][name] = {m: record(path, m) for m in MODELS}
         print(name, file=sys.stderr)
-    out_path = out_path or os.path.join(HERE, "aimet_quantsim_configs.json")
+    from _record import _for_this_cpu  # beside this script (run it as one)
+
+    result["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    out_path = out_path or os.path.join(HERE, _for_this_cpu("aimet_quantsim_configs.json"))
     with open(out_path, "w") as f:
         json.dump(result, f, indent=None, separators=(",", ":"))
         f.write("\n")

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import torch
 
+from _record import golden_path
 from quanta.adaround import Adaround, AdaroundParameters
 
 HERE = pathlib.Path(__file__).parent
-GOLDEN = json.loads((HERE / "aimet_adaround.json").read_text())
+GOLDEN = json.loads(pathlib.Path(golden_path("aimet_adaround.json")).read_text())  # this CPU's recording
 _spec = importlib.util.spec_from_file_location("generate_aimet_adaround", HERE / "generate_aimet_adaround.py")
 generator = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(generator)

@@ -1,7 +1,8 @@
 """quanta's ``fold_all_batch_norms_to_scale`` against aimet-torch 2.42's on the same sim.
 
 ``aimet_fold_to_scale.json`` is written by ``generate_aimet_fold_to_scale.py`` (run it in a venv with aimet-torch);
-the model, config and input are rebuilt by that script's own functions. The sim's outputs before and after the
+the model, config and input are rebuilt by that script's own functions (one recording per CPU vector width, see
+``_record.py``). The sim's outputs before and after the
 fold must be AIMET's bit for bit; the folded weights, biases and weight ranges to float32 rounding (quanta folds
 in float64, AIMET in float32).
 """
@@ -18,11 +19,12 @@ import numpy as np
 import pytest
 import torch
 
+from _record import golden_path
 from quanta.batch_norm_fold import fold_all_batch_norms_to_scale
 from quanta.quantsim import QuantizationSimModel
 
 HERE = pathlib.Path(__file__).parent
-GOLDEN = json.loads((HERE / "aimet_fold_to_scale.json").read_text())
+GOLDEN = json.loads(pathlib.Path(golden_path("aimet_fold_to_scale.json")).read_text())  # this CPU's recording
 _spec = importlib.util.spec_from_file_location("generate_aimet_fold_to_scale", HERE / "generate_aimet_fold_to_scale.py")
 generator = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(generator)

@@ -36,13 +36,14 @@ import pytest
 import torch
 
 from aimet_config_models import make_inputs, make_model
+from _record import golden_path
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantsim import QuantizationSimModel, QuantSimConfig
 from quanta.quantsim.config import SUPERGROUP_PASSES
 
 HERE = pathlib.Path(__file__).parent
 CONFIGS = sorted((HERE / "aimet_configs").glob("*.json"))
-GOLDEN = json.loads((HERE.parent / "golden" / "aimet_quantsim_configs.json").read_text())
+GOLDEN = json.loads(pathlib.Path(golden_path("aimet_quantsim_configs.json")).read_text())  # this CPU's
 MODELS = ("cnn", "transformer")
 ENPU_CONSTRAINED = {"cnn": "sigmoid", "transformer": "softmax"}  # the [0, 1] outputs of the eNPU departure
 
