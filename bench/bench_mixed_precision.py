@@ -5,9 +5,10 @@ data, then folded). Candidates W8A16, W8A8 and W4A8 (integers; AIMET's config wi
 ranges); the score is the mean cosine of the logits to the float model's on held-out images (phase 1 on one
 batch of them, phase 2 on all); budget ``--drop`` below fp32. Printed for each library: the scores of the
 uniform candidates, the chosen configuration's score and BitOps relative to uniform W8A16, the number of
-evaluations and the wall time. aimet-torch is optional (see ``bench_adaround.py``)::
+evaluations and the wall time. ``--phase2-reverse``: both walk phase 2 bottom-up. aimet-torch is optional (see
+``bench_adaround.py``)::
 
-    PYTHONPATH=src /tmp/anchors/bin/python bench/bench_mixed_precision.py
+    PYTHONPATH=src /tmp/anchors/bin/python bench/bench_mixed_precision.py [--phase2-reverse]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ _spec.loader.exec_module(bench_adaround)
 _CONFIG = bench_adaround.PER_CHANNEL_CONFIG
 
 
-def _run(library: str, model, data, held_out, drop: float, tmp: str) -> dict:
+def _run(library: str, model, data, held_out, drop: float, tmp: str, reverse: bool = False) -> dict:
     with torch.no_grad():
         reference = [model(x) for x in held_out]
     counts = {"phase1": 0, "phase2": 0}
@@ -77,7 +78,7 @@ def _run(library: str, model, data, held_out, drop: float, tmp: str) -> dict:
     # AIMET needs initialised encodings first (quanta calibrates each candidate itself)
     sim.compute_encodings(forward, None, **extra)
     pareto = choose_mixed_precision(sim, data[0], candidates, CallbackFunc(phase1), CallbackFunc(phase2), drop,
-                                     results, True, CallbackFunc(forward), **extra)
+                                     results, True, CallbackFunc(forward), phase2_reverse=reverse, **extra)
     seconds = time.perf_counter() - t0
     final = phase2(sim.model)
     counts["phase2"] -= 1
@@ -94,6 +95,8 @@ def _run(library: str, model, data, held_out, drop: float, tmp: str) -> dict:
         fp32 = info.get("fp32 accuray")
         ok = [p for p in pareto if p[1] >= fp32 - drop]
         bit_ops = min(p[0] for p in ok) if ok else 1.0
+        if reverse:  # AIMET's reverse points are relative to the cheapest candidate, where its walk starts
+            bit_ops *= min(a * w for (a, _), (w, _) in candidates) / max(a * w for (a, _), (w, _) in candidates)
     return {"seconds": seconds, "final": final, "bit_ops": bit_ops, "counts": counts, "info": info}
 
 
@@ -107,18 +110,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--drop", type=float, default=0.001, help="allowed drop of the mean cosine below fp32")
+    parser.add_argument("--phase2-reverse", action="store_true", help="both libraries walk phase 2 bottom-up")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     model, data, held_out = bench_adaround.build(args.batches, args.batch_size, args.size)
     print(f"ResNet (transformers, 4 stages), {args.batches} calibration batches x {args.batch_size} images "
           f"{args.size}x{args.size}, candidates W8A16/W8A8/W4A8, budget: cosine >= fp32 - {args.drop}, "
+          f"phase 2 {'bottom-up (phase2_reverse)' if args.phase2_reverse else 'top-down'}, "
           f"threads: {torch.get_num_threads()}")
     libraries = ["quanta"] + (["aimet"] if importlib.util.find_spec("aimet_torch") is not None else [])
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for library in libraries:
-            rows[library] = r = _run(library, model, data, held_out, args.drop, tmp)
+            rows[library] = r = _run(library, model, data, held_out, args.drop, tmp, args.phase2_reverse)
             if library == "quanta" and info_ok(r):
                 print("uniform candidates (cosine): " + ", ".join(f"{c} {v:.5f}" for c, v in
                                                                   r["info"]["candidate scores"])
