@@ -9,7 +9,8 @@ W4A8; dtype ``float`` with 16 bits is fp16, with 32 bits no quantization.
 
 The cost of a configuration is AIMET's BitOps: ``Σ_layers MACs × activation bits × weight bits`` over the
 Conv/Linear layers (MACs per sample on ``dummy_input``; a float format's bits count ``√1.5×``), reported
-relative to the configuration every group starts from.
+relative to the baseline (every group at the best candidate, step 1), in both directions of phase 2 (AIMET's
+bottom-up walk reports relative to the cheapest candidate, where it starts).
 
 The search is AIMET's greedy two-phase algorithm:
 
