@@ -80,17 +80,21 @@ def _sqnr(model: nn.Module, reference: nn.Module, held_out: list, key: str | Non
     return 10 * torch.log10(torch.tensor(signal / max(noise, 1e-300), dtype=torch.float64)).item()
 
 
-def run_quanta(model, data, held_out, key, iterations, candidates, config=None) -> dict[str, tuple[float, float]]:
-    """{row: (output SQNR dB, seconds of the technique)} with quanta at W4A8 (``config``: a config dict)."""
-    from quanta.adaround import AdaroundParameters, apply_adaround
+def run_quanta(model, data, held_out, key, iterations, candidates, config=None, tmp: str | None = None
+               ) -> dict[str, tuple[float, float]]:
+    """{row: (output SQNR dB, seconds of the technique)} with quanta at W4A8. With ``config`` (a config dict) and
+    ``tmp``, AdaRound runs AIMET's way, as ``run_aimet`` does: ``Adaround.apply_adaround`` on the float model, its
+    encodings file frozen into a new sim (the same random draws as AIMET's, so the same rounding)."""
+    from quanta.adaround import Adaround, AdaroundParameters, apply_adaround
     from quanta.quantsim import QuantizationSimModel
     from quanta.seq_mse import apply_seq_mse
 
     tables = [n for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
 
-    def sim():
+    def sim(float_model=model):
         options = {} if config is None else {"config_file": config, "quant_scheme": "post_training_tf"}
-        s = QuantizationSimModel(copy.deepcopy(model), data[0], default_param_bw=4, default_output_bw=8, **options)
+        s = QuantizationSimModel(copy.deepcopy(float_model), data[0], default_param_bw=4, default_output_bw=8,
+                                 **options)
         # lookup tables, not layers the techniques search: kept in float, as W4 recipes keep them (found by the
         # float model's names, and by type where the capture renamed a shared one)
         embeddings = {id(m): m for m in s.model.modules() if isinstance(m, nn.Embedding)}
@@ -111,13 +115,23 @@ def run_quanta(model, data, held_out, key, iterations, candidates, config=None) 
     seconds = time.perf_counter() - t0
     s.compute_encodings(data, progress=False)  # activations on the searched weights (their ranges stay frozen)
     rows["SeqMSE"] = (_sqnr(s.model, model, held_out, key), seconds)
-    s = sim()
-    s.compute_encodings(data, progress=False)
-    torch.manual_seed(0)
-    t0 = time.perf_counter()
-    apply_adaround(s, AdaroundParameters(data, num_batches=len(data), default_num_iterations=iterations),
-                   progress=False)
-    seconds = time.perf_counter() - t0
+    params = AdaroundParameters(data, num_batches=len(data), default_num_iterations=iterations)
+    if config is not None and tmp is not None:
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        ada = Adaround.apply_adaround(copy.deepcopy(model), data[0], params, path=tmp, filename_prefix="ada_quanta",
+                                      default_param_bw=4, default_quant_scheme="post_training_tf",
+                                      default_config_file=config)
+        seconds = time.perf_counter() - t0
+        s = sim(ada)
+        s.set_and_freeze_param_encodings(os.path.join(tmp, "ada_quanta.encodings"))
+    else:
+        s = sim()
+        s.compute_encodings(data, progress=False)
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        apply_adaround(s, params, progress=False)
+        seconds = time.perf_counter() - t0
     s.compute_encodings(data, progress=False)  # activations on the rounded weights
     rows["AdaRound"] = (_sqnr(s.model, model, held_out, key), seconds)
     return rows
@@ -223,8 +237,8 @@ def main() -> None:
                 pixels = [x["pixel_values"] for x in data]
                 held = [x["pixel_values"] for x in held_out]
                 print(_line("", "quanta, AIMET's", run_quanta(plain, pixels, held, None, args.iterations,
-                                                              args.candidates, config=bench_adaround.PER_CHANNEL_CONFIG)),
-                      flush=True)
+                                                              args.candidates, config=bench_adaround.PER_CHANNEL_CONFIG,
+                                                              tmp=tmp)), flush=True)
                 rows, errors = run_aimet(plain, pixels, held, args.iterations, args.candidates, config_path, tmp)
                 print(_line("", "aimet-torch, AIMET's", rows), flush=True)
                 for label, error in errors.items():
