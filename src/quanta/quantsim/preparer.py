@@ -510,12 +510,10 @@ def _expand_sdpa(gm: fx.GraphModule) -> int:
                 ones = g.call_function(torch.ones, (g.call_method("size", (q, -2)), g.call_method("size", (k, -2))),
                                        {"dtype": torch.bool, "device": g.call_function(getattr, (q, "device"))})
                 keep = g.call_method("tril", (ones,))
-                scores = g.call_method("masked_fill", (scores, g.call_function(torch.logical_not, (keep,)),
-                                                       float("-inf")))
+                scores = g.call_function(torch.where, (keep, scores, float("-inf")))
             if mask is not None:
-                if mask_meta.dtype == torch.bool:
-                    scores = g.call_method("masked_fill", (scores, g.call_function(torch.logical_not, (mask,)),
-                                                           float("-inf")))
+                if mask_meta.dtype == torch.bool:  # one pass (masked_fill of the negation: a copy and two more)
+                    scores = g.call_function(torch.where, (mask, scores, float("-inf")))
                 else:
                     scores = g.call_function(torch.add, (scores, mask))
             weights = g.call_function(torch.softmax, (scores,), {"dim": -1})
