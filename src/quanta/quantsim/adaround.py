@@ -633,6 +633,8 @@ class Adaround:
         Raises ValueError without ``checkpoints_config``, for a file that is not AIMET's JSON with a
         ``grouped_modules`` object, or one naming a module ``model`` lacks; otherwise as :meth:`apply_adaround`.
         """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if checkpoints_config is None:
             raise ValueError("apply_adaround_with_cache needs checkpoints_config, the path of AIMET's checkpoints "
                              "JSON file (or call apply_adaround, which needs none)")
@@ -645,9 +647,9 @@ class Adaround:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"checkpoints_config {os.fspath(checkpoints_config)!r} is not AIMET's checkpoints "
                              f"file (a JSON object with 'grouped_modules'): {e}") from None
-        modules = dict(model.named_modules()) if isinstance(model, nn.Module) else {}
+        modules = dict(model.named_modules())
         unknown = [n for n in names if n not in modules]
-        if isinstance(model, nn.Module) and unknown:
+        if unknown:
             raise ValueError(f"checkpoints_config names modules model lacks: {', '.join(unknown[:5])}")
         warnings.warn("apply_adaround_with_cache: the checkpoints split is not needed (quanta collects every "
                       "layer's data in one pass over the captured graph, streaming past its memory budget); "

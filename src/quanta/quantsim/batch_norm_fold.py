@@ -142,6 +142,18 @@ def single_use_modules(model: nn.Module, graph: fx.Graph) -> Callable[[Any], nn.
     return module
 
 
+def layer_bn_nodes(graph: fx.Graph, module: Callable[[Any], nn.Module | None]) -> list[tuple[fx.Node, fx.Node]]:
+    """``(layer node, BN node)`` for every Conv/ConvTranspose/Linear whose only user is a BatchNorm with running
+    statistics called on it alone (``module``: :func:`single_use_modules` of the graph's model)."""
+    pairs = []
+    for node in graph.nodes:
+        src = node.args[0] if node.args else None
+        if (_foldable_bn(module(node)) and len(node.args) == 1 and isinstance(module(src), _LAYERS)
+                and len(src.users) == 1):
+            pairs.append((src, node))
+    return pairs
+
+
 def _input_ranks(model: nn.Module, args: tuple, kinds: tuple) -> dict[str, int]:
     """The rank of the (first) input each module of ``kinds`` receives in one eval-mode run on ``args``."""
     ranks: dict[str, int] = {}
@@ -168,11 +180,9 @@ def _find_pairs(model: nn.Module, args: tuple) -> tuple[list[tuple[str, str]], l
     module = single_use_modules(model, graph)
 
     backward, forward, used = [], [], set()
-    for node in graph.nodes:  # layer -> BN first: it always applies (AIMET's order too)
-        bn, src = module(node), node.args[0] if node.args else None
-        if _foldable_bn(bn) and len(node.args) == 1 and isinstance(module(src), _LAYERS) and len(src.users) == 1:
-            backward.append((src.target, node.target))
-            used.add(node.target)
+    for src, node in layer_bn_nodes(graph, module):  # layer -> BN first: it always applies (AIMET's order too)
+        backward.append((src.target, node.target))
+        used.add(node.target)
     for node in graph.nodes:
         layer, src = module(node), node.args[0] if node.args else None
         if not isinstance(layer, _LAYERS) or len(node.args) != 1 or node.kwargs:

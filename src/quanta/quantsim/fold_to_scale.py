@@ -42,19 +42,17 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch import fx, nn
+from torch import nn
 
 from quanta.nn.base import QuantizationMixin
 from quanta.quantization.affine import AffineQuantizerBase
 from quanta.quantsim.batch_norm_fold import (
-    _BNS,
     _CONV_T,
-    _LAYERS,
     FoldedPair,
     _fold_backward,
-    _foldable_bn,
     _replace,
     _scale_shift,
+    layer_bn_nodes,
     single_use_modules,
 )
 from quanta.quantsim.quantsim import QuantizationSimModel
@@ -88,10 +86,10 @@ def _scale_range(layer: QuantizationMixin, r: torch.Tensor) -> None:
     q = layer.param_quantizers["weight"]
     if not q.is_initialized():
         return  # calibration will see the folded weights
-    view = [1] * len(q.shape)
+    view = [1] * len(q.shape)  # () per tensor: r has one element then
     if view:
         view[layer._weight_axis()] = -1
-    r = r.to(q.min.dtype).reshape(view) if view else r.to(q.min.dtype).reshape(())
+    r = r.to(q.min.dtype).reshape(view)
     lo, hi = q.min.detach() * r, q.max.detach() * r
     q.set_range(torch.minimum(lo, hi), torch.maximum(lo, hi))
 
@@ -120,13 +118,8 @@ def fold_all_batch_norms_to_scale(sim: QuantizationSimModel) -> list[FoldedPair]
     module = single_use_modules(sim.model, graph)
     names = {id(m): n for n, m in sim.model.named_modules()}
     pairs: list[FoldedPair] = []
-    for node in list(graph.nodes):
-        bn = module(node)
-        src = node.args[0] if node.args else None
-        layer = module(src)
-        if not (isinstance(bn, _BNS) and _foldable_bn(bn) and len(node.args) == 1 and isinstance(layer, _LAYERS)
-                and isinstance(src, fx.Node) and len(src.users) == 1):
-            continue
+    for src, node in layer_bn_nodes(graph, module):
+        layer, bn = module(src), module(node)
         reason = _why_not(layer, bn)
         if reason is not None:
             warnings.warn(f"fold_all_batch_norms_to_scale: {names[id(bn)]} not folded into {names[id(layer)]}: "
