@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import zlib
+from collections.abc import Sequence
 
 import torch
 
@@ -23,6 +24,12 @@ import torch
 def pack(t: torch.Tensor) -> str:
     """float32 bytes of ``t``, zlib-compressed, base64-encoded."""
     return base64.b64encode(zlib.compress(t.detach().to(torch.float32).contiguous().numpy().tobytes(), 9)).decode()
+
+
+def unpack(data: str, shape: Sequence[int] | None = None) -> torch.Tensor:
+    """What :func:`pack` wrote, as a float32 tensor: flat, or of ``shape``."""
+    flat = torch.frombuffer(bytearray(zlib.decompress(base64.b64decode(data))), dtype=torch.float32)
+    return flat if shape is None else flat.reshape(tuple(shape))
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -29,8 +29,9 @@ CONFIG = {"defaults": {"ops": {"is_output_quantized": "True"},
 LAYERS = ("0", "3")  # the convolutions, each followed by a BatchNorm
 
 
-def _bn(channels: int) -> nn.BatchNorm2d:
-    bn = nn.BatchNorm2d(channels)
+def batch_norm(channels: int, kind: type[nn.Module] = nn.BatchNorm2d) -> nn.Module:
+    """A BatchNorm with statistics and affine parameters drawn from a generator seeded by ``channels``."""
+    bn = kind(channels)
     g = torch.Generator().manual_seed(channels)
     with torch.no_grad():  # some weights negative: the range ends swap there
         bn.weight.copy_(torch.randn(channels, generator=g))
@@ -42,7 +43,7 @@ def _bn(channels: int) -> nn.BatchNorm2d:
 
 def build() -> nn.Sequential:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3), _bn(8), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), _bn(6),
+    return nn.Sequential(nn.Conv2d(3, 8, 3), batch_norm(8), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), batch_norm(6),
                          nn.ReLU()).eval()
 
 

@@ -7,28 +7,17 @@ way before AdaRound, which draws its samples from it.
 
 from __future__ import annotations
 
-import base64
-import importlib.util
 import json
 import pathlib
-import zlib
 
-import numpy as np
 import pytest
 import torch
 
-from _record import golden_path
+import generate_aimet_adaround as generator
+from _record import golden_path, unpack
 from quanta.adaround import Adaround, AdaroundParameters
 
-HERE = pathlib.Path(__file__).parent
 GOLDEN = json.loads(pathlib.Path(golden_path("aimet_adaround.json")).read_text())  # this CPU's recording
-_spec = importlib.util.spec_from_file_location("generate_aimet_adaround", HERE / "generate_aimet_adaround.py")
-generator = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(generator)
-
-
-def _unpack(s: str) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(zlib.decompress(base64.b64decode(s)), dtype=np.float32).copy())
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN["cases"]))
@@ -48,7 +37,7 @@ def test_adarounded_weights_and_encodings_equal_aimets(name, tmp_path):
                                   ignore_quant_ops_list=[modules[n] for n in ignored],
                                   default_quant_scheme="post_training_tf", default_config_file=config_path)
     for key, w in generator.weights(ada).items():
-        assert torch.equal(w.reshape(-1), _unpack(case["weights"][key])), key
+        assert torch.equal(w.reshape(-1), unpack(case["weights"][key])), key
     for key, w in generator.weights(model).items():  # the model given is left as it was
         assert torch.equal(w, before[key]), key
     written = json.loads((tmp_path / "ada.encodings").read_text())["param_encodings"]

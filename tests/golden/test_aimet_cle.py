@@ -10,30 +10,18 @@ leaves those biases where they are (see ``quanta.quantsim.cross_layer_equalizati
 
 from __future__ import annotations
 
-import base64
-import importlib.util
 import json
 import pathlib
 import warnings
-import zlib
 
-import numpy as np
 import pytest
 import torch
 
-from _record import golden_path
+import generate_aimet_cle as generator
+from _record import golden_path, unpack
 from quanta.cross_layer_equalization import equalize_model
 
-HERE = pathlib.Path(__file__).parent
 GOLDEN = json.loads(pathlib.Path(golden_path("aimet_cle.json")).read_text())  # this CPU's recording
-_spec = importlib.util.spec_from_file_location("generate_aimet_cle", HERE / "generate_aimet_cle.py")
-generator = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(generator)
-
-
-def _unpack(s: str, like: torch.Tensor) -> torch.Tensor:
-    raw = zlib.decompress(base64.b64decode(s))
-    return torch.from_numpy(np.frombuffer(raw, dtype=np.float32).copy()).reshape(like.shape)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN["cases"]))
@@ -47,11 +35,11 @@ def test_equalize_model_matches_aimet(name):
     convs = generator.convs(model)
     assert len(convs) == len(case["weights"])
     for i, conv in enumerate(convs):
-        torch.testing.assert_close(conv.weight.detach(), _unpack(case["weights"][i], conv.weight), rtol=2e-6,
+        torch.testing.assert_close(conv.weight.detach(), unpack(case["weights"][i], conv.weight.shape), rtol=2e-6,
                                    atol=1e-7, msg=lambda m, i=i: f"conv {i} weight: {m}")
         # biases: the absorbed W2 . c is a sum over channels and kernel taps, which quanta and AIMET order
         # differently: equal on an AVX2 machine, 8 ulps apart on one bias on an AVX-512 one
-        torch.testing.assert_close(conv.bias.detach(), _unpack(case["biases"][i], conv.bias), rtol=2e-5,
+        torch.testing.assert_close(conv.bias.detach(), unpack(case["biases"][i], conv.bias.shape), rtol=2e-5,
                                    atol=1e-6, msg=lambda m, i=i: f"conv {i} bias: {m}")
 
 
@@ -61,8 +49,9 @@ def test_exact_absorption_departs_from_aimet_only_on_padded_layers():
     equalize_model(model, input_shapes=tuple(case["input_shape"]), absorb_through_padding=False)
     for i, conv in enumerate(generator.convs(model)):
         # every weight is AIMET's (scaling is the same); biases differ only around the padded depthwise layers
-        torch.testing.assert_close(conv.weight.detach(), _unpack(case["weights"][i], conv.weight), rtol=2e-6, atol=1e-7)
-    biases_equal = [torch.allclose(c.bias.detach(), _unpack(case["biases"][i], c.bias), rtol=2e-6, atol=1e-6)
+        torch.testing.assert_close(conv.weight.detach(), unpack(case["weights"][i], conv.weight.shape), rtol=2e-6,
+                                   atol=1e-7)
+    biases_equal = [torch.allclose(c.bias.detach(), unpack(case["biases"][i], c.bias.shape), rtol=2e-6, atol=1e-6)
                     for i, c in enumerate(generator.convs(model))]
     assert not all(biases_equal)
     # the last layer's input is the 1x1 projection's output: unpadded, absorbed as AIMET does

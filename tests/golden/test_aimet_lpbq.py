@@ -6,23 +6,16 @@ calibrated range, the LPBQ and per-channel scales, the output and the gradients 
 
 from __future__ import annotations
 
-import base64
 import json
 import pathlib
-import zlib
 
-import numpy as np
 import pytest
 import torch
 
+from _record import unpack
 from quanta.quantization.affine import GroupedBlockQuantizeDequantize, QuantizeDequantize
 
 GOLDEN = json.loads((pathlib.Path(__file__).parent / "aimet_lpbq.json").read_text())
-
-
-def _unpack(data: str, shape) -> torch.Tensor:
-    raw = np.frombuffer(zlib.decompress(base64.b64decode(data)), dtype=np.float32).copy()
-    return torch.from_numpy(raw).reshape(shape)
 
 
 def _quantizer(case) -> tuple[GroupedBlockQuantizeDequantize, torch.Tensor]:
@@ -50,19 +43,19 @@ def test_lpbq_matches_aimet(case):
     with q.compute_encodings():
         q(w)
     scale_shape = q.shape
-    assert torch.equal(_bits(q.min), _bits(_unpack(case["min"], scale_shape)))
-    assert torch.equal(_bits(q.max), _bits(_unpack(case["max"], scale_shape)))
-    assert torch.equal(_bits(q.get_scale()), _bits(_unpack(case["scale"], scale_shape)))
+    assert torch.equal(_bits(q.min), _bits(unpack(case["min"], scale_shape)))
+    assert torch.equal(_bits(q.max), _bits(unpack(case["max"], scale_shape)))
+    assert torch.equal(_bits(q.get_scale()), _bits(unpack(case["scale"], scale_shape)))
     per_channel = q.get_per_channel_scale()
-    assert torch.equal(_bits(per_channel), _bits(_unpack(case["per_channel_scale"], per_channel.shape)))
+    assert torch.equal(_bits(per_channel), _bits(unpack(case["per_channel_scale"], per_channel.shape)))
     x = w.clone().requires_grad_(True)
     out = q(x)
     out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape))
-    assert torch.equal(_bits(out), _bits(_unpack(case["output"], w.shape)))
-    assert torch.equal(_bits(x.grad), _bits(_unpack(case["grad_input"], w.shape)))
+    assert torch.equal(_bits(out), _bits(unpack(case["output"], w.shape)))
+    assert torch.equal(_bits(x.grad), _bits(unpack(case["grad_input"], w.shape)))
     # the range's gradients sum over each block in another order than AIMET's: equal to float32 rounding
-    torch.testing.assert_close(q.min.grad, _unpack(case["grad_min"], scale_shape), rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(q.max.grad, _unpack(case["grad_max"], scale_shape), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(q.min.grad, unpack(case["grad_min"], scale_shape), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(q.max.grad, unpack(case["grad_max"], scale_shape), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])

@@ -6,30 +6,21 @@ sims and per-block quantizers are rebuilt here as that script builds them (plain
 
 from __future__ import annotations
 
-import base64
-import importlib.util
 import json
 import pathlib
 import warnings
-import zlib
 
-import numpy as np
 import pytest
 import torch
 
+import generate_aimet_seq_mse as generator
+from _record import unpack
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantsim import QuantizationSimModel
 from quanta.seq_mse import SeqMseParams, apply_seq_mse
 
 HERE = pathlib.Path(__file__).parent
 GOLDEN = json.loads((HERE / "aimet_seq_mse.json").read_text())
-_spec = importlib.util.spec_from_file_location("generate_aimet_seq_mse", HERE / "generate_aimet_seq_mse.py")
-generator = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(generator)
-
-
-def _unpack(s: str) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(zlib.decompress(base64.b64decode(s)), dtype=np.float32).copy())
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN["cases"]))
@@ -50,5 +41,5 @@ def test_chosen_ranges_equal_aimets(name, tmp_path):
         apply_seq_mse(model, sim, data, params, progress=False)
     for layer, expected in GOLDEN["cases"][name].items():
         q = sim.model.get_submodule(layer).param_quantizers["weight"]
-        assert torch.equal(q.get_min().detach().reshape(-1), _unpack(expected["min"])), layer
-        assert torch.equal(q.get_max().detach().reshape(-1), _unpack(expected["max"])), layer
+        assert torch.equal(q.get_min().detach().reshape(-1), unpack(expected["min"])), layer
+        assert torch.equal(q.get_max().detach().reshape(-1), unpack(expected["max"])), layer

@@ -26,17 +26,14 @@ Two departures are kept, each asserted here as it is (docs/quantsim_config.md gi
 
 from __future__ import annotations
 
-import base64
 import json
 import pathlib
-import zlib
 
-import numpy as np
 import pytest
 import torch
 
 from aimet_config_models import make_inputs, make_model
-from _record import golden_path
+from _record import golden_path, pack, unpack
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantsim import QuantizationSimModel, QuantSimConfig
 from quanta.quantsim.config import SUPERGROUP_PASSES
@@ -53,14 +50,6 @@ def quanta_name(aimet_name: str) -> str:
     return aimet_name.removeprefix("module_")
 
 
-def _unpack(data: str) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(zlib.decompress(base64.b64decode(data)), dtype=np.float32).copy())
-
-
-def _pack(t: torch.Tensor) -> str:
-    return base64.b64encode(zlib.compress(t.detach().to(torch.float32).contiguous().numpy().tobytes(), 9)).decode()
-
-
 def _values(t: torch.Tensor) -> list[float]:
     return [float(v) for v in t.detach().to(torch.float32).flatten()]
 
@@ -71,7 +60,7 @@ def _describe(q: QuantizeDequantize, ids: dict[int, int]) -> dict:
     return {"id": ids.setdefault(id(q), len(ids)), "bitwidth": q.bitwidth, "symmetric": q.symmetric,
             "signed": q.grid.qmin < 0, "qmin": q.grid.qmin, "qmax": q.grid.qmax, "shape": list(q.shape),
             "fixed_min": fixed["min"], "fixed_max": fixed["max"],
-            **{k: _pack(getattr(q, f"get_{k}")()) for k in ("scale", "offset", "min", "max")}}
+            **{k: pack(getattr(q, f"get_{k}")()) for k in ("scale", "offset", "min", "max")}}
 
 
 def _slots(modules: dict, rename=lambda name: name) -> dict[tuple, dict]:
@@ -196,14 +185,14 @@ def test_the_same_sim_as_aimet(path, model_name):
         fields = ["bitwidth", "symmetric", "signed", "qmin", "qmax", "shape", "fixed_min", "fixed_max"]
         if enpu and key == (ENPU_CONSTRAINED[model_name], "outputs", 0):
             assert (q["fixed_min"], q["fixed_max"]) == ([0.0], [1.0]) and q["symmetric"] and q["signed"]
-            assert _unpack(q["max"]).item() < 0.5  # AIMET's range clips every output above one half
-            assert _unpack(ours["min"]).item() < 0 and _unpack(ours["max"]).item() == 1.0  # quanta's covers [0, 1]
+            assert unpack(q["max"]).item() < 0.5  # AIMET's range clips every output above one half
+            assert unpack(ours["min"]).item() < 0 and unpack(ours["max"]).item() == 1.0  # quanta's covers [0, 1]
             fields.remove("fixed_min")
         assert {f: ours[f] for f in fields} == {f: q[f] for f in fields}, key
         if downstream_of_departure and key[1] != "params":
             continue
         for f in ("scale", "offset", "min", "max"):
-            a, b = _unpack(q[f]), _unpack(ours[f])
+            a, b = unpack(q[f]), unpack(ours[f])
             if path.name == "dsp_quantsim_config.json" and key[1] == "params" and f != "offset":
                 ulp = torch.finfo(torch.float32).eps * a.abs()
                 assert ((a - b).abs() <= ulp).all(), (key, f)  # AIMET's re-derived weight range: one ulp
@@ -211,7 +200,7 @@ def test_the_same_sim_as_aimet(path, model_name):
                 assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (key, f)
 
     if not enpu:
-        ref = _unpack(recorded["output"]).reshape(recorded["output_shape"])
+        ref = unpack(recorded["output"]).reshape(recorded["output_shape"])
         assert torch.equal(out.view(torch.int32), ref.view(torch.int32))  # the same outputs, bit for bit
 
 

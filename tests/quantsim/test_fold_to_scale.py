@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from generate_aimet_fold_to_scale import batch_norm  # the golden's BatchNorms: some weights negative
 from quanta.batch_norm_fold import fold_all_batch_norms_to_scale
 from quanta.quantsim import QuantizationSimModel
 from quanta.quantsim.fold_to_scale import fold_all_batch_norms_to_scale as direct
@@ -19,22 +20,11 @@ PER_TENSOR = {"defaults": {"ops": {"is_output_quantized": "True"},
               "model_output": {}}
 
 
-def _bn(channels: int, kind=nn.BatchNorm2d) -> nn.Module:
-    bn = kind(channels)
-    g = torch.Generator().manual_seed(channels)
-    with torch.no_grad():
-        bn.weight.copy_(torch.randn(channels, generator=g))  # some negative: the range ends swap there
-        bn.bias.copy_(torch.randn(channels, generator=g))
-        bn.running_mean.copy_(torch.randn(channels, generator=g))
-        bn.running_var.copy_(torch.rand(channels, generator=g) + 0.5)
-    return bn
-
-
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3), _bn(8), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), _bn(6),
-                         nn.ConvTranspose2d(6, 5, 2, stride=2), _bn(5), nn.Flatten(), nn.Linear(5 * 8 * 8, 7),
-                         _bn(7, nn.BatchNorm1d)).eval()
+    return nn.Sequential(nn.Conv2d(3, 8, 3), batch_norm(8), nn.ReLU(), nn.Conv2d(8, 6, 3, padding=1), batch_norm(6),
+                         nn.ConvTranspose2d(6, 5, 2, stride=2), batch_norm(5), nn.Flatten(), nn.Linear(5 * 8 * 8, 7),
+                         batch_norm(7, nn.BatchNorm1d)).eval()
 
 
 def _qdq(module) -> torch.Tensor:
@@ -99,7 +89,7 @@ def test_uncalibrated_sim_folds_the_weights_and_leaves_the_range_to_calibration(
 
 def test_per_tensor_weights_are_left_unfolded_with_the_reason():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), _bn(8), nn.ReLU()).eval()
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), batch_norm(8), nn.ReLU()).eval()
     x = torch.randn(2, 3, 6, 6)
     sim = QuantizationSimModel(model, x, config_file=PER_TENSOR)
     sim.compute_encodings([x], progress=False)
@@ -110,7 +100,7 @@ def test_per_tensor_weights_are_left_unfolded_with_the_reason():
 
 def test_a_quantized_layer_output_or_bias_is_named():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), _bn(8), nn.ReLU()).eval()
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), batch_norm(8), nn.ReLU()).eval()
     x = torch.randn(2, 3, 6, 6)
     sim = QuantizationSimModel(model, x)
     sim.compute_encodings([x], progress=False)
@@ -129,7 +119,7 @@ def test_bad_input():
         fold_all_batch_norms_to_scale(nn.Conv2d(1, 1, 1))
 
     torch.manual_seed(0)
-    sim = QuantizationSimModel(nn.Sequential(nn.Conv2d(3, 4, 1), _bn(4)).eval(), torch.ones(1, 3, 4, 4),
+    sim = QuantizationSimModel(nn.Sequential(nn.Conv2d(3, 4, 1), batch_norm(4)).eval(), torch.ones(1, 3, 4, 4),
                                trace=False)  # leaf modules only: no graph to find the pairs in
     with pytest.raises(TypeError, match="captured as a graph"):
         fold_all_batch_norms_to_scale(sim)
