@@ -3,8 +3,11 @@
 The AVX-512, AVX2 and portable paths follow one summation order per path
 (decode GEMV for fewer than 8 rows, prefill GEMM from 8), so they must agree bit
 for bit; each must also agree with the reference implementation within the
-documented float32 bound (the int8 dynamic path exactly). Shapes cover K not a
-multiple of 16 or of the group, odd N, and M from 1 to 600.
+documented float32 bound (the int8 dynamic path exactly). On CPUs with
+AVX512-BF16, bfloat16 activations take vdpbf16ps paths with their own order
+(int4 at every M, int8 from 8 rows): checked against the reference within their
+bound, and for not depending on threads or on the rows beside a row. Shapes
+cover K not a multiple of 16 or of the group, odd N, and M from 1 to 600.
 """
 
 import json
@@ -31,6 +34,9 @@ from quanta.kernels.int_linear import (
 pytestmark = pytest.mark.skipif(native.ops() is None, reason=f"native kernels {native.status()}")
 
 _ISAS = native.ISA_NAMES[: native.ISA_NAMES.index(native.cpu_isa()) + 1] if native.ops() is not None else ()
+# the instruction sets that share one order for every dtype (avx512_bf16 runs its own on bfloat16 activations)
+_EXACT_ISAS = tuple(i for i in _ISAS if i != "avx512_bf16")
+_HAS_BF16 = "avx512_bf16" in _ISAS
 _U = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 
 # (M, N, K): M around the GEMV/GEMM switch (8) and the register blocks (4 rows, 6 rows), N odd and around the
@@ -43,10 +49,10 @@ def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def _per_isa(fn):
-    """``fn()`` on every instruction set this CPU has: results by name."""
+def _per_isa(fn, isas=_EXACT_ISAS):
+    """``fn()`` on every instruction set of ``isas`` this CPU has: results by name."""
     out = {}
-    for isa in _ISAS:
+    for isa in isas:
         with native.force_isa(isa):
             out[isa] = fn()
     return out
@@ -58,11 +64,11 @@ def _assert_all_equal(results):
         assert torch.equal(y, first), f"{isa} differs from {next(iter(results))}"
 
 
-def _assert_within_bound(y, x, w_deq, bias, dtype, extra_terms=2):
+def _assert_within_bound(y, x, w_deq, bias, dtype, extra_terms=2, w_mag=None):
     k = w_deq.shape[1]
     xd = x.double().reshape(-1, k)
     want = xd @ w_deq.T
-    mag = xd.abs() @ w_deq.abs().T
+    mag = xd.abs() @ (w_deq.abs() if w_mag is None else w_mag).T
     b = 0.0 if bias is None else bias.double().abs()
     tol = (k + extra_terms) * 2.0**-24 * mag + _U[dtype] * (want.abs() + b) + 1e-30
     if bias is not None:
@@ -109,7 +115,8 @@ def test_int8_dynamic_every_isa_equals_the_integer_reference(m, n, k, symmetric)
     bias = torch.randn(n, generator=g) if m % 2 else None
     q, s_x, z_x = quantize_per_token_int8(x, symmetric=symmetric)
     want = ref.int8_dynamic_reference(q, z_x, s_x, w, s_w, cs, bias, x.dtype)
-    results = _per_isa(lambda: int8_dynamic_activation_linear(x, wt, s_w, cs, bias, act_symmetric=symmetric))
+    results = _per_isa(lambda: int8_dynamic_activation_linear(x, wt, s_w, cs, bias, act_symmetric=symmetric),
+                       _ISAS)
     for isa, y in results.items():
         assert torch.equal(y, want), isa
 
@@ -128,6 +135,72 @@ def test_int4_group_sizes_64_and_256_every_isa(group_size):
         _assert_all_equal(results)
         w_deq = ref.int4_dequantize_reference(packed, sz, group_size, k).double()
         _assert_within_bound(results[_ISAS[0]], x, w_deq, None, torch.float32)
+
+
+_BF16 = pytest.mark.skipif(not _HAS_BF16, reason="this CPU has no AVX512-BF16")
+
+
+def _int4_weight(n, k, group_size, g):
+    groups = -(-k // group_size)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    packed, sz = pack_int4_cpu(codes, torch.rand(n, groups, generator=g) * 0.1 + 0.01,
+                               torch.randn(n, groups, generator=g) * 0.1, group_size)
+    return codes, packed, sz
+
+
+@_BF16
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("group_size", [32, 64, 128, 256])
+def test_int4_bf16_path_within_its_bound(m, n, k, group_size):
+    """The factored order (s * sum x (c - 8) + z * sum x per group): float32 error of |x| (|s (c - 8)| + |z|)."""
+    g = _gen(m * 1000 + n + k + group_size + 1)
+    codes, packed, sz = _int4_weight(n, k, group_size, g)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    with native.force_isa("avx512_bf16"):
+        y = int4_cpu_linear(x, packed, sz, group_size, n)
+    gi = torch.arange(k) // group_size
+    s, z = sz[:, :, 0].t().double()[:, gi], sz[:, :, 1].t().double()[:, gi]
+    mag = (s * (codes.double() - 8)).abs() + z.abs()
+    _assert_within_bound(y, x, ref.int4_dequantize_reference(packed, sz, group_size, k).double(), None,
+                         torch.bfloat16, extra_terms=8, w_mag=mag)
+
+
+@_BF16
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_int8_bf16_path_within_bound(m, n, k):
+    g = _gen(m * 1000 + n + k + 2)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g) * 0.02 + 1e-3)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16) if n % 2 else None
+    with native.force_isa("avx512_bf16"):
+        y = int8_weight_only_linear(x, qw, s, bias)
+    _assert_within_bound(y, x, w.double() * s.double()[:, None], bias, torch.bfloat16, extra_terms=4)
+
+
+@_BF16
+def test_bf16_paths_rows_do_not_depend_on_threads_or_the_other_rows():
+    g = _gen(11)
+    n, k = 70, 300
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g))
+    _, packed, sz = _int4_weight(n, k, 32, g)
+    x = torch.randn(75, k, generator=g).to(torch.bfloat16)  # crosses the 64-row blocks
+    calls = {"int8": lambda a: int8_weight_only_linear(a, qw, s),
+             "int4": lambda a: int4_cpu_linear(a, packed, sz, 32, n)}
+    threads = torch.get_num_threads()
+    for name, f in calls.items():
+        try:
+            torch.set_num_threads(1)
+            one = f(x)
+            torch.set_num_threads(2)
+            two = f(x)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(one, two), name
+        assert torch.equal(f(x[10:30]), one[10:30]), name
+        assert torch.equal(f(x[60:75]), one[60:75]), name
+    assert torch.equal(f(x[1:2]), f(x[1:4])[:1]), name  # decode rows
 
 
 def test_the_rows_of_one_call_do_not_depend_on_threads_or_the_other_rows():

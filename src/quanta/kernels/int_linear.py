@@ -14,6 +14,10 @@ weights in registers as they stream past; larger inputs take a GEMM that
 dequantizes a panel of weights into a cache (transposed) and keeps a 6 x 64
 output tile in registers. AVX-512, AVX2 and a portable C++ path are chosen at
 run time and give the same bits (tested; :func:`quanta.kernels.int_linear_native.force_isa`).
+On CPUs with AVX512-BF16 (``vdpbf16ps``: AMD Zen 4 and later, Intel Cooper Lake,
+Sapphire Rapids and later), bfloat16 activations take faster paths with their own
+fixed order, described under *bfloat16 paths* below; every other input runs the
+common paths.
 
 Precision (float paths). Activations are widened to float32 exactly (float32,
 float16 and bfloat16 inputs alike; nothing is rounded to bfloat16 first), the
@@ -30,6 +34,26 @@ each output as one chain over ``k``. So the two row counts may differ in the
 last bits; each is reproducible on every CPU. The int8 dynamic path's integer
 part is exact, and its scaling is the reference's, so it matches
 :func:`quanta.kernels.int_linear_reference.int8_dynamic_reference` bit for bit.
+
+bfloat16 paths (AVX512-BF16 CPUs, bfloat16 ``x``). ``vdpbf16ps`` multiplies
+bfloat16 pairs and adds both products to a float32 accumulator, odd element
+first, each addition rounded once (an ``fma`` of an exact product: checked on the
+hardware), flushing subnormal inputs and results to zero. Every product below is
+exact in float32 (a bfloat16 times an int8 code, or times ``c - 8``), so the
+error bound stays a float32 one:
+
+* int8 weight-only, 8 rows or more: one chain per output over the ``k`` pairs,
+  ``k = 2p + 1`` then ``2p``, then ``* s + b`` (decode rows keep the common path:
+  it is as fast there);
+* int4 weight-only, every row count: the weight in its factored form
+  ``w = s_g (c - 8) + z_g``, ``y = sum_g s_g P_g + sum_g z_g X_g`` with
+  ``P_g = sum_{k in g} x_k (c_k - 8)`` and ``X_g = sum_{k in g} x_k``, so no weight
+  is dequantized in float: ``|y - y_exact| <= (K + 8) * 2**-24 * sum_k |x_k| (|s (c_k - 8)| + |z|)``
+  plus the output rounding (``|s (c - 8)| + |z|`` may exceed ``|w|`` where they cancel).
+
+These orders differ from the common paths' in the last bits (a bfloat16 output
+rarely shows it) and are reproducible across thread counts and the rows of a
+call; ``force_isa("avx512")`` runs the common paths on such a CPU.
 
 The activation quantization of the dynamic path is torchao's (0.15), computed
 by the torchao-convention kernels in :mod:`quanta.kernels.zero_point`:

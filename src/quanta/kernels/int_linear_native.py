@@ -35,8 +35,8 @@ __all__ = ["ops", "status", "isa", "cpu_isa", "force_isa", "ISA_NAMES"]
 
 _SOURCE = pathlib.Path(__file__).with_name("csrc") / "int_linear.cpp"
 _CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
-_ABI_VERSION = 1
-ISA_NAMES = ("portable", "avx2", "avx512")
+_ABI_VERSION = 2
+ISA_NAMES = ("portable", "avx2", "avx512", "avx512_bf16")
 
 _lock = threading.Lock()
 _ops = None
@@ -152,7 +152,7 @@ def status() -> str:
 
 
 def cpu_isa() -> str:
-    """The best instruction set this CPU gives the kernels: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
+    """The best instruction set this CPU gives the kernels: one of :data:`ISA_NAMES` (``"avx512_bf16"`` best)."""
     lib = ops()
     return "none" if lib is None else ISA_NAMES[int(lib.cpu_isa())]
 
@@ -165,10 +165,12 @@ def isa() -> str:
 
 @contextlib.contextmanager
 def force_isa(name: str) -> Iterator[None]:
-    """Run the kernels on ``name`` (``"portable"``, ``"avx2"``, ``"avx512"``) or lower inside the block.
+    """Run the kernels on ``name`` (one of :data:`ISA_NAMES`) or lower inside the block.
 
-    Process-wide (the kernels' dispatch switch), for tests and benchmarks: every
-    path must give the same bits.
+    Process-wide (the kernels' dispatch switch), for tests and benchmarks:
+    ``"portable"``, ``"avx2"`` and ``"avx512"`` give the same bits;
+    ``"avx512_bf16"`` runs its own order on bfloat16 activations (see
+    :mod:`quanta.kernels.int_linear`).
     """
     if name not in ISA_NAMES:
         raise ValueError(f"force_isa: name must be one of {ISA_NAMES}, got {name!r}")

@@ -45,23 +45,25 @@
 
 namespace {
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 
 // ------------------------------------------------------------------------------------------------ ISA
-enum Isa : int64_t { PORTABLE = 0, AVX2 = 1, AVX512 = 2 };
+// AVX512_BF16: AVX-512 plus vdpbf16ps; the bfloat16-activation paths below use it (their own order), every other
+// case runs the AVX-512 code.
+enum Isa : int64_t { PORTABLE = 0, AVX2 = 1, AVX512 = 2, AVX512_BF16 = 3 };
 
 int64_t detect_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni"))
-    return AVX512;
+    return __builtin_cpu_supports("avx512bf16") ? AVX512_BF16 : AVX512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
   return PORTABLE;
 }
 
 const int64_t kCpuIsa = detect_isa();
-std::atomic<int64_t> g_isa_limit{AVX512};
+std::atomic<int64_t> g_isa_limit{AVX512_BF16};
 
 int64_t active_isa() { return std::min<int64_t>(kCpuIsa, g_isa_limit.load(std::memory_order_relaxed)); }
 
@@ -617,7 +619,7 @@ template <typename Src, int MB>
 void run_block(int64_t isa, const Src& src, const int64_t* rows, int R, const float* const* xr, int64_t nchunks,
                float* out) {
   constexpr int RMAX = rows_for<Src>(MB);
-  if (isa == AVX512 && R == RMAX) {
+  if (isa >= AVX512 && R == RMAX) {
     block_avx512<RMAX, MB>(src, rows, xr, nchunks, out);
   } else if (isa >= AVX2 && R == RMAX) {
     block_avx2<Src, RMAX, MB>(src, rows, xr, nchunks, out);
@@ -659,6 +661,204 @@ void run_decode(int64_t isa, const Src& src, int64_t N, int64_t M, const float* 
         }
         for (int r = 0; r < R; ++r)
           for (int m = 0; m < mb; ++m) epi(nb + r, m0 + m, out[r * mb + m]);
+      }
+    }
+  });
+}
+
+// ---- AVX-512 + vdpbf16ps: int4 weight-only decode on bfloat16 activations (M < kPrefillMinRows, groups >= 32)
+// Its own fixed order (the exact-dequantized order above costs a float conversion and an fma per weight), the
+// weight taken in its factored form w = s_g (c - 8) + z_g:
+//   y = S + Z,  S = tree16(Y),  Y_l = fma(s_g, P_g,l, Y_l) over the groups g in increasing order (from 0),
+//   P_g,l = lane l of the group's sum of x_k (c_k - 8): over the group's 32-k chunks c in increasing order,
+//           fma(x_k, c_k - 8, P) for k = 32c + 2l + 1, then k = 32c + 2l (from 0; vdpbf16ps),
+//   Z = fma(z_g, X_g, Z) over g (from 0),  X_g = tree16 of the group's lane sums of x_k in the same order.
+// x_k (c_k - 8) is exact in float32 (a bfloat16 times a 4-bit integer). vdpbf16ps flushes subnormal inputs and
+// results to zero. The result agrees with the reference within float32 summation error of |x| (|s (c - 8)| + |z|).
+#define QUANTA_AVX512BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma")))
+
+// x [M, K] bfloat16 -> [M, bf16_ld(Kp)] zero padded (a row of Kp plus one cache line)
+inline int64_t bf16_ld(int64_t Kp) { return Kp + 32; }
+
+constexpr int64_t kBf16MaxRows = 8;  // activation rows per register block (int4 decode) and per Z pass
+
+AlignedFloats pad_bf16_x(const at::Tensor& x, int64_t Kp) {
+  const int64_t M = x.size(0), K = x.size(1), ld = bf16_ld(Kp);
+  AlignedFloats buf;  // viewed as uint16 words
+  buf.zero(static_cast<size_t>((M * ld + 1) / 2));
+  uint16_t* d = reinterpret_cast<uint16_t*>(buf.data());
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  for (int64_t m = 0; m < M; ++m) std::memcpy(d + m * ld, s + m * K, K * sizeof(uint16_t));
+  return buf;
+}
+
+// bfloat16 (c - 8) at word lanes c and c + 16: vpermw reads bits 4..0 of each index, so a zero-extended byte
+// indexes by its low nibble with no mask (bit 4, the high nibble's lowest bit, picks the same value)
+alignas(64) constexpr uint16_t kCodeMinus8Bf16[32] = {
+    0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000,
+    0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040,
+    0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0};
+alignas(64) constexpr uint16_t kOnesBf16[32] = {
+    0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80,
+    0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80,
+    0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80};
+
+QUANTA_AVX512BF16 inline __m512 dp_bf16(__m512 acc, const uint16_t* x, __m512i w) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(x), (__m512bh)w);
+}
+
+QUANTA_AVX512BF16 inline __m512 scale_bcast(const Int4Rows& src, int64_t g, int64_t n) {
+  const __m512i v = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(src.sz + (g * src.N + n) * 2));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+// X[m * ngroups + g] for the MB rows of x
+QUANTA_AVX512BF16 void group_sums_bf16(const Int4Rows& src, const uint16_t* xb, int64_t M, int64_t Kp, float* X) {
+  const __m512i ones = _mm512_load_si512(kOnesBf16);
+  for (int64_t m = 0; m < M; ++m) {
+    const uint16_t* xr = xb + m * bf16_ld(Kp);
+    for (int64_t g = 0; g < src.ngroups; ++g) {
+      const int64_t k1 = g == src.ngroups - 1 ? Kp : std::min(Kp, (g + 1) * src.group);
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t k = g * src.group; k < k1; k += 32) acc = dp_bf16(acc, xr + k, ones);
+      alignas(64) float t[16];
+      _mm512_store_ps(t, acc);
+      X[m * src.ngroups + g] = tree16(t);
+    }
+  }
+}
+
+// R weight rows x MB activation rows, whole K: S of the header above, in out[r * MB + m].
+template <int R, int MB, bool SPLIT>
+QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows, const uint16_t* const* xr,
+                                       int64_t nblocks, float* out) {
+  const __m512i lut = _mm512_load_si512(kCodeMinus8Bf16);
+  __m512 Y[R * MB], P[R * MB], Q[SPLIT ? R * MB : 1];
+  for (int j = 0; j < R * MB; ++j) Y[j] = P[j] = _mm512_setzero_ps();
+  if (SPLIT)
+    for (int j = 0; j < R * MB; ++j) Q[j] = _mm512_setzero_ps();
+  const uint8_t* rp[R];
+  for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
+  const auto group_of = [&](int64_t k) { return std::min<int64_t>(k >> src.gshift, src.ngroups - 1); };
+  int64_t group = 0;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t k0 = 64 * b;
+    if (!SPLIT && group_of(k0) != group) {
+      for (int r = 0; r < R; ++r) {
+        const __m512 s = scale_bcast(src, group, rows[r]);
+        for (int m = 0; m < MB; ++m) {
+          Y[r * MB + m] = _mm512_fmadd_ps(s, P[r * MB + m], Y[r * MB + m]);
+          P[r * MB + m] = _mm512_setzero_ps();
+        }
+      }
+      group = group_of(k0);
+    }
+    for (int r = 0; r < R; ++r) {
+      // the same bytes of the next block of rows: a row is short (K / 2 bytes), too short for the hardware
+      // prefetcher to ramp up on, and decode reads the weight once from DRAM
+      if ((b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(rp[r] + R * src.row_bytes + 32 * b), _MM_HINT_T0);
+      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp[r] + 32 * b)));
+      const __m512i wl = _mm512_permutexvar_epi16(v, lut);                        // k0 .. k0 + 31
+      const __m512i wh = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);   // k0 + 32 .. k0 + 63
+      for (int m = 0; m < MB; ++m) {
+        P[r * MB + m] = dp_bf16(P[r * MB + m], xr[m] + k0, wl);
+        if (SPLIT) {
+          Q[r * MB + m] = dp_bf16(Q[r * MB + m], xr[m] + k0 + 32, wh);
+        } else {
+          P[r * MB + m] = dp_bf16(P[r * MB + m], xr[m] + k0 + 32, wh);
+        }
+      }
+    }
+    if (SPLIT) {  // groups of 32: k0 .. k0 + 31 and k0 + 32 .. k0 + 63 are two groups
+      const int64_t ga = group_of(k0), gb = group_of(k0 + 32);
+      for (int r = 0; r < R; ++r) {
+        const __m512 sa = scale_bcast(src, ga, rows[r]), sb = scale_bcast(src, gb, rows[r]);
+        for (int m = 0; m < MB; ++m) {
+          Y[r * MB + m] = _mm512_fmadd_ps(sa, P[r * MB + m], Y[r * MB + m]);
+          Y[r * MB + m] = _mm512_fmadd_ps(sb, Q[r * MB + m], Y[r * MB + m]);
+          P[r * MB + m] = Q[r * MB + m] = _mm512_setzero_ps();
+        }
+      }
+    }
+  }
+  if (!SPLIT) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 s = scale_bcast(src, group, rows[r]);
+      for (int m = 0; m < MB; ++m) Y[r * MB + m] = _mm512_fmadd_ps(s, P[r * MB + m], Y[r * MB + m]);
+    }
+  }
+  __m512 all[16];
+  for (int j = 0; j < 16; ++j) all[j] = j < R * MB ? Y[j] : _mm512_setzero_ps();
+  alignas(64) float t[16];
+  _mm512_store_ps(t, reduce16_avx512(all));
+  for (int j = 0; j < R * MB; ++j) out[j] = t[j];
+}
+
+// Z for rows n0 .. n0 + nrows - 1 (nrows <= 16, one per lane) and mb activation rows: Zout[m * 16 + i].
+QUANTA_AVX512BF16 void zero_terms_bf16(const Int4Rows& src, int64_t n0, int64_t nrows, const float* X, int64_t m0,
+                                       int mb, float* Zout) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << nrows) - 1u);
+  const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  __m512 Z[kBf16MaxRows];
+  for (int m = 0; m < mb; ++m) Z[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < src.ngroups; ++g) {
+    const __m512 z = _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, src.sz + (g * src.N + n0) * 2), hi));
+    for (int m = 0; m < mb; ++m)
+      Z[m] = _mm512_fmadd_ps(z, _mm512_set1_ps(X[(m0 + m) * src.ngroups + g]), Z[m]);
+  }
+  for (int m = 0; m < mb; ++m) _mm512_storeu_ps(Zout + m * 16, Z[m]);
+}
+
+// Weight rows per register block for MB activation rows (two accumulators per output, Y and P).
+constexpr int bf16_rows_for(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : mb <= 4 ? 2 : 1; }
+
+template <int MB>
+void run_block_int4_bf16(const Int4Rows& src, const int64_t* rows, const uint16_t* const* xr, int64_t nblocks,
+                         float* out) {
+  constexpr int R = bf16_rows_for(MB);
+  if (src.group == 32) {
+    block_int4_bf16<R, MB, true>(src, rows, xr, nblocks, out);
+  } else {
+    block_int4_bf16<R, MB, false>(src, rows, xr, nblocks, out);
+  }
+}
+
+// Decode (M < kPrefillMinRows): tiles of 16 weight rows handed to the threads, blocks of bf16_rows_for(mb) rows x
+// mb activation rows; each output follows the order of the header above whatever mb.
+template <typename Epi>
+void run_int4_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Epi& epi) {
+  const auto xb = pad_bf16_x(x, Kp);
+  const uint16_t* xw = reinterpret_cast<const uint16_t*>(xb.data());
+  std::vector<float> X(static_cast<size_t>(M * src.ngroups));
+  group_sums_bf16(src, xw, M, Kp, X.data());
+  const int64_t ntiles = (N + kDecodeTileRows - 1) / kDecodeTileRows;
+  parallel_tiles(ntiles, [&](int64_t t) {
+    const int64_t n0 = t * kDecodeTileRows, n1 = std::min(N, n0 + kDecodeTileRows);
+    for (int64_t m0 = 0; m0 < M; m0 += kBf16MaxRows) {
+      const int mb = static_cast<int>(std::min<int64_t>(kBf16MaxRows, M - m0));
+      const uint16_t* xr[kBf16MaxRows];
+      for (int m = 0; m < mb; ++m) xr[m] = xw + (m0 + m) * bf16_ld(Kp);
+      alignas(64) float Z[kBf16MaxRows * 16];
+      zero_terms_bf16(src, n0, n1 - n0, X.data(), m0, mb, Z);
+      const int rmax = bf16_rows_for(mb);
+      for (int64_t nb = n0; nb < n1; nb += rmax) {
+        int64_t rows[16];
+        const int R = static_cast<int>(std::min<int64_t>(rmax, n1 - nb));
+        for (int r = 0; r < rmax; ++r) rows[r] = nb + std::min(r, R - 1);
+        float out[16];
+        switch (mb) {
+          case 1: run_block_int4_bf16<1>(src, rows, xr, Kp / 64, out); break;
+          case 2: run_block_int4_bf16<2>(src, rows, xr, Kp / 64, out); break;
+          case 3: run_block_int4_bf16<3>(src, rows, xr, Kp / 64, out); break;
+          case 4: run_block_int4_bf16<4>(src, rows, xr, Kp / 64, out); break;
+          case 5: run_block_int4_bf16<5>(src, rows, xr, Kp / 64, out); break;
+          case 6: run_block_int4_bf16<6>(src, rows, xr, Kp / 64, out); break;
+          default: run_block_int4_bf16<7>(src, rows, xr, Kp / 64, out); break;
+        }
+        for (int r = 0; r < R; ++r)
+          for (int m = 0; m < mb; ++m) epi(nb + r, m0 + m, out[r * mb + m] + Z[m * 16 + (nb + r - n0)]);
       }
     }
   });
@@ -804,7 +1004,7 @@ void gemm_mk_portable(int mr, const float* Bp, const float* const* xr, int64_t k
 
 template <int MR>
 void gemm_mk(int64_t isa, const float* Bp, const float* const* xr, int64_t kc, float* C, bool first) {
-  if (isa == AVX512) {
+  if (isa >= AVX512) {
     gemm_mk_avx512<MR>(Bp, xr, kc, C, first);
   } else if (isa == AVX2) {
     gemm_mk_avx2<MR>(Bp, xr, kc, C, first);
@@ -815,7 +1015,7 @@ void gemm_mk(int64_t isa, const float* Bp, const float* const* xr, int64_t kc, f
 
 template <typename Src>
 void dequant_T(int64_t isa, const Src& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc, float* Bp) {
-  if (isa == AVX512) {
+  if (isa >= AVX512) {
     dequant_T_avx512(src, n0, nrows, k0, kc, Bp);
   } else {
     dequant_T_portable(src, n0, nrows, k0, kc, Bp);
@@ -856,6 +1056,230 @@ void run_prefill(int64_t isa, const Src& src, int64_t N, int64_t M, int64_t K, c
   });
 }
 
+// ---- AVX-512 + vdpbf16ps GEMM (M >= kPrefillMinRows) on bfloat16 activations. A panel of 64 weight rows and a
+// block of k's is dequantized into a cache Bp in pair layout (dword [p][i] holds the bfloat16 weights of row n0 + i
+// at k0 + 2p and k0 + 2p + 1); the micro-kernel keeps 6 activation rows x 64 outputs in registers and, per pair,
+// broadcasts (x[m][2p], x[m][2p + 1]) against the four 16-row vectors of Bp. Its own fixed order, per output:
+//   int8: y = S * s + b, S = one chain over the pairs p = 0, 1, ..: fma(x_k, q_k, S) for k = 2p + 1, then k = 2p
+//         (from 0; q is exact in bfloat16, so every product is exact);
+//   int4: P_g = the same chain over the pairs of group g of x_k (c_k - 8) (from 0), S = fma(s_g, P_g, S) over g
+//         (from 0), y = S + Z with Z as in the decode path above.
+// Padding (k >= K) adds x = 0 times a zero or finite weight. vdpbf16ps flushes subnormal inputs and results.
+constexpr int64_t kKcBf16 = 256;
+
+inline __mmask16 mask16(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+// r[i] (row i: 16 dwords) -> r[p] (column p), the usual three rounds of unpacks and 128-bit lane shuffles
+QUANTA_AVX512BF16 inline void transpose16_epi32(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xDD);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+  }
+}
+
+// Bp[p * kPanel + i] for int8 rows n0 + i (rows past N repeat the last) and k0 + 2p, k0 + 2p + 1 (k >= K: zero)
+QUANTA_AVX512BF16 void pack_pairs(const Int8Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc,
+                                  uint32_t* Bp) {
+  for (int64_t kb = 0; kb < kc; kb += 32) {
+    const int64_t left = src.K - (k0 + kb);
+    const __mmask16 m0 = mask16(left), m1 = mask16(left - 16);
+    for (int64_t j = 0; j < kPanel / 16; ++j) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        const int8_t* row = src.w + (n0 + std::min<int64_t>(16 * j + i, nrows - 1)) * src.K + k0 + kb;
+        const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m0, row)));
+        const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m1, row + 16)));
+        r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+      }
+      transpose16_epi32(r);
+      for (int p = 0; p < 16; ++p) _mm512_store_si512(Bp + (kb / 2 + p) * kPanel + 16 * j, r[p]);
+    }
+  }
+}
+
+// The same for int4 codes, as bfloat16 (c - 8); k0 and kc are multiples of 64 (whole packed blocks).
+QUANTA_AVX512BF16 void pack_pairs(const Int4Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc,
+                                  uint32_t* Bp) {
+  const __m512i lut = _mm512_load_si512(kCodeMinus8Bf16);
+  for (int64_t kb = 0; kb < kc; kb += 64) {
+    for (int64_t j = 0; j < kPanel / 16; ++j) {
+      __m512i lo[16], hi[16];
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t* row = src.p + (n0 + std::min<int64_t>(16 * j + i, nrows - 1)) * src.row_bytes + (k0 + kb) / 2;
+        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
+        lo[i] = _mm512_permutexvar_epi16(v, lut);                       // k .. k + 31
+        hi[i] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);  // k + 32 .. k + 63
+      }
+      transpose16_epi32(lo);
+      transpose16_epi32(hi);
+      for (int p = 0; p < 16; ++p) {
+        _mm512_store_si512(Bp + (kb / 2 + p) * kPanel + 16 * j, lo[p]);
+        _mm512_store_si512(Bp + (kb / 2 + 16 + p) * kPanel + 16 * j, hi[p]);
+      }
+    }
+  }
+}
+
+// acc[m][j] (+)= the pair chain of x rows xr[m] against Bp's npairs pairs; from C (first: from 0) into C.
+template <int MR>
+QUANTA_AVX512BF16 void gemm_mk_bf16(const uint32_t* Bp, const uint16_t* const* xr, int64_t npairs, float* C,
+                                    bool first) {
+  __m512 c[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 4; ++j) c[m][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(C + m * kPanel + 16 * j);
+  for (int64_t p = 0; p < npairs; ++p) {
+    const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
+    const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
+      c[m][0] = _mm512_dpbf16_ps(c[m][0], xb, (__m512bh)b0);
+      c[m][1] = _mm512_dpbf16_ps(c[m][1], xb, (__m512bh)b1);
+      c[m][2] = _mm512_dpbf16_ps(c[m][2], xb, (__m512bh)b2);
+      c[m][3] = _mm512_dpbf16_ps(c[m][3], xb, (__m512bh)b3);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
+}
+
+void gemm_mk_bf16_rows(int mr, const uint32_t* Bp, const uint16_t* const* xr, int64_t npairs, float* C, bool first) {
+  switch (mr) {
+    case 1: gemm_mk_bf16<1>(Bp, xr, npairs, C, first); break;
+    case 2: gemm_mk_bf16<2>(Bp, xr, npairs, C, first); break;
+    case 3: gemm_mk_bf16<3>(Bp, xr, npairs, C, first); break;
+    case 4: gemm_mk_bf16<4>(Bp, xr, npairs, C, first); break;
+    case 5: gemm_mk_bf16<5>(Bp, xr, npairs, C, first); break;
+    default: gemm_mk_bf16<6>(Bp, xr, npairs, C, first); break;
+  }
+}
+
+// int4, one group: P = the pair chain from 0 in registers, then C = fma(s, P, C) (s: the panel's 64 scales).
+template <int MR>
+QUANTA_AVX512BF16 void gemm_mk_bf16_group(const uint32_t* Bp, const uint16_t* const* xr, int64_t npairs,
+                                          const float* s, float* C) {
+  __m512 c[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 4; ++j) c[m][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < npairs; ++p) {
+    const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
+    const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
+      c[m][0] = _mm512_dpbf16_ps(c[m][0], xb, (__m512bh)b0);
+      c[m][1] = _mm512_dpbf16_ps(c[m][1], xb, (__m512bh)b1);
+      c[m][2] = _mm512_dpbf16_ps(c[m][2], xb, (__m512bh)b2);
+      c[m][3] = _mm512_dpbf16_ps(c[m][3], xb, (__m512bh)b3);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 4; ++j)
+      _mm512_storeu_ps(C + m * kPanel + 16 * j, _mm512_fmadd_ps(_mm512_load_ps(s + 16 * j), c[m][j],
+                                                                _mm512_loadu_ps(C + m * kPanel + 16 * j)));
+}
+
+void gemm_mk_bf16_group_rows(int mr, const uint32_t* Bp, const uint16_t* const* xr, int64_t npairs, const float* s,
+                             float* C) {
+  switch (mr) {
+    case 1: gemm_mk_bf16_group<1>(Bp, xr, npairs, s, C); break;
+    case 2: gemm_mk_bf16_group<2>(Bp, xr, npairs, s, C); break;
+    case 3: gemm_mk_bf16_group<3>(Bp, xr, npairs, s, C); break;
+    case 4: gemm_mk_bf16_group<4>(Bp, xr, npairs, s, C); break;
+    case 5: gemm_mk_bf16_group<5>(Bp, xr, npairs, s, C); break;
+    default: gemm_mk_bf16_group<6>(Bp, xr, npairs, s, C); break;
+  }
+}
+
+// int8: k blocks of kKcBf16, one chain per output through C.
+template <typename Epi>
+void run_gemm_bf16(const Int8Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Epi& epi) {
+  const auto xb = pad_bf16_x(x, Kp);
+  const uint16_t* xw = reinterpret_cast<const uint16_t*>(xb.data());
+  const int64_t ld = bf16_ld(Kp);
+  parallel_tiles((N + kPanel - 1) / kPanel, [&](int64_t t) {
+    const int64_t n0 = t * kPanel, nrows = std::min(N, n0 + kPanel) - n0;
+    thread_local AlignedFloats bp, cbuf;
+    bp.reserve(static_cast<size_t>(kKcBf16 / 2 * kPanel));
+    cbuf.reserve(static_cast<size_t>(M * kPanel));
+    uint32_t* Bp = reinterpret_cast<uint32_t*>(bp.data());
+    for (int64_t k0 = 0; k0 < Kp; k0 += kKcBf16) {
+      const int64_t kc = std::min(kKcBf16, Kp - k0);
+      pack_pairs(src, n0, nrows, k0, kc, Bp);
+      for (int64_t m0 = 0; m0 < M; m0 += kMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMr, M - m0));
+        const uint16_t* xr[kMr];
+        for (int m = 0; m < mr; ++m) xr[m] = xw + (m0 + m) * ld + k0;
+        gemm_mk_bf16_rows(mr, Bp, xr, kc / 2, cbuf.data() + m0 * kPanel, k0 == 0);
+      }
+    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i = 0; i < nrows; ++i) epi(n0 + i, m, cbuf.data()[m * kPanel + i]);
+  });
+}
+
+// int4: k blocks of whole groups; per group the micro-kernel sums P from 0, then S = fma(s_g, P_g, S).
+template <typename Epi>
+void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Epi& epi) {
+  const auto xb = pad_bf16_x(x, Kp);
+  const uint16_t* xw = reinterpret_cast<const uint16_t*>(xb.data());
+  const int64_t ld = bf16_ld(Kp);
+  std::vector<float> X(static_cast<size_t>(M * src.ngroups));
+  group_sums_bf16(src, xw, M, Kp, X.data());
+  const int64_t kcb = std::max(kKcBf16, src.group);
+  parallel_tiles((N + kPanel - 1) / kPanel, [&](int64_t t) {
+    const int64_t n0 = t * kPanel, nrows = std::min(N, n0 + kPanel) - n0;
+    thread_local AlignedFloats bp, cbuf, sbuf;
+    bp.reserve(static_cast<size_t>(kcb / 2 * kPanel));
+    cbuf.zero(static_cast<size_t>(M * kPanel));
+    sbuf.reserve(static_cast<size_t>(kPanel));
+    uint32_t* Bp = reinterpret_cast<uint32_t*>(bp.data());
+    for (int64_t k0 = 0; k0 < Kp; k0 += kcb) {
+      const int64_t kc = std::min(kcb, Kp - k0);
+      pack_pairs(src, n0, nrows, k0, kc, Bp);
+      for (int64_t kg = k0; kg < k0 + kc; kg += src.group) {
+        const int64_t g = std::min<int64_t>(kg >> src.gshift, src.ngroups - 1);
+        const int64_t npairs = std::min(src.group, k0 + kc - kg) / 2;
+        for (int64_t i = 0; i < kPanel; ++i)
+          sbuf.data()[i] = i < nrows ? bf16_to_float(src.sz[(g * N + n0 + i) * 2]) : 0.0f;
+        for (int64_t m0 = 0; m0 < M; m0 += kMr) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMr, M - m0));
+          const uint16_t* xr[kMr];
+          for (int m = 0; m < mr; ++m) xr[m] = xw + (m0 + m) * ld + kg;
+          gemm_mk_bf16_group_rows(mr, Bp + (kg - k0) / 2 * kPanel, xr, npairs, sbuf.data(),
+                                  cbuf.data() + m0 * kPanel);
+        }
+      }
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += kBf16MaxRows) {
+      const int mb = static_cast<int>(std::min<int64_t>(kBf16MaxRows, M - m0));
+      for (int64_t j = 0; j * 16 < nrows; ++j) {
+        alignas(64) float Z[kBf16MaxRows * 16];
+        zero_terms_bf16(src, n0 + 16 * j, std::min<int64_t>(16, nrows - 16 * j), X.data(), m0, mb, Z);
+        for (int m = 0; m < mb; ++m)
+          for (int64_t i = 16 * j; i < std::min<int64_t>(16 * j + 16, nrows); ++i)
+            epi(n0 + i, m0 + m, cbuf.data()[(m0 + m) * kPanel + i] + Z[m * 16 + (i - 16 * j)]);
+      }
+    }
+  });
+}
+
 template <typename Src, typename Epi>
 void run_linear(const Src& src, int64_t N, int64_t M, const AlignedFloats& xf, int64_t Kp, int64_t nchunks,
                 const Epi& epi) {
@@ -892,15 +1316,19 @@ at::Tensor int8_weight_only_linear(const at::Tensor& x, const at::Tensor& w, con
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const int64_t Kp = round_up(std::max<int64_t>(K, 1), 64);
-  const auto xf = widen_x(x, Kp);
   const Int8Rows src{w.data_ptr<int8_t>(), K};
   const uint16_t* s = reinterpret_cast<const uint16_t*>(scale.data_ptr());
   void* out = y.data_ptr();
-  run_linear(src, N, M, xf, Kp, (K + 15) / 16, [&](int64_t n, int64_t m, float v) {
+  const auto epi = [&](int64_t n, int64_t m, float v) {
     float r = v * bf16_to_float(s[n]);
     if (b) r = r + b[n];
     store_out(out, m * N + n, r, kind);
-  });
+  };
+  if (active_isa() == AVX512_BF16 && kind == OUT_BF16 && M >= kPrefillMinRows) {
+    run_gemm_bf16(src, N, M, x, Kp, epi);
+    return y;
+  }
+  run_linear(src, N, M, widen_x(x, Kp), Kp, (K + 15) / 16, epi);
   return y;
 }
 
@@ -922,14 +1350,20 @@ at::Tensor int4_weight_only_linear(const at::Tensor& x, const at::Tensor& packed
   const auto kind = out_kind(x.scalar_type());
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
-  const auto xf = widen_x(x, Kp);
   TORCH_CHECK((group_size & (group_size - 1)) == 0, "quanta_cpu: group_size must be a power of two");
   const Int4Rows src{packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), K, N, Kp / 2,
                      group_size, ngroups, __builtin_ctzll(static_cast<unsigned long long>(group_size))};
   void* out = y.data_ptr();
-  run_linear(src, N, M, xf, Kp, Kp / 16, [&](int64_t n, int64_t m, float v) {
-    store_out(out, m * N + n, b ? v + b[n] : v, kind);
-  });
+  const auto epi = [&](int64_t n, int64_t m, float v) { store_out(out, m * N + n, b ? v + b[n] : v, kind); };
+  if (active_isa() == AVX512_BF16 && kind == OUT_BF16 && group_size >= 32) {
+    if (M < kPrefillMinRows) {
+      run_int4_bf16(src, N, M, x, Kp, epi);
+    } else {
+      run_gemm_bf16(src, N, M, x, Kp, epi);
+    }
+    return y;
+  }
+  run_linear(src, N, M, widen_x(x, Kp), Kp, Kp / 16, epi);
   return y;
 }
 
@@ -1000,7 +1434,7 @@ template <int MB>
 void run_dot_block(int64_t isa, const int8_t* w, int64_t K, const int64_t* rows, int R, const uint8_t* const* xr,
                    int32_t* out) {
   constexpr int RMAX = rows_for<Int8Rows>(MB);
-  if (isa == AVX512 && R == RMAX) {
+  if (isa >= AVX512 && R == RMAX) {
     dot_i8_avx512<RMAX, MB>(w, K, rows, xr, out);
   } else if (isa >= AVX2 && R == RMAX) {
     dot_i8_avx2<RMAX, MB>(w, K, rows, xr, out);
@@ -1081,7 +1515,7 @@ at::Tensor int8_dynamic_linear(const at::Tensor& qx, const c10::optional<at::Ten
 }
 
 int64_t set_isa_limit(int64_t level) {
-  TORCH_CHECK(level >= PORTABLE && level <= AVX512, "quanta_cpu: isa level must be 0, 1 or 2");
+  TORCH_CHECK(level >= PORTABLE && level <= AVX512_BF16, "quanta_cpu: isa level must be 0, 1, 2 or 3");
   g_isa_limit.store(level);
   return active_isa();
 }
