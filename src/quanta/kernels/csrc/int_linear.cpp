@@ -678,19 +678,32 @@ void run_decode(int64_t isa, const Src& src, int64_t N, int64_t M, const float* 
 #define QUANTA_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma")))
 
-// x [M, K] bfloat16 -> [M, bf16_ld(Kp)] zero padded (a row of Kp plus one cache line)
-inline int64_t bf16_ld(int64_t Kp) { return Kp + 32; }
-
 constexpr int64_t kBf16MaxRows = 8;  // activation rows per register block (int4 decode) and per Z pass
 
-AlignedFloats pad_bf16_x(const at::Tensor& x, int64_t Kp) {
-  const int64_t M = x.size(0), K = x.size(1), ld = bf16_ld(Kp);
-  AlignedFloats buf;  // viewed as uint16 words
-  buf.zero(static_cast<size_t>((M * ld + 1) / 2));
-  uint16_t* d = reinterpret_cast<uint16_t*>(buf.data());
+// x [M, K] bfloat16 as rows of at least Kp words, zero from K on: x itself when K == Kp, else a padded copy
+// (a row of Kp plus one cache line, so that rows 4 KiB apart do not share L1 sets).
+struct Bf16Rows {
+  AlignedFloats buf;  // the copy, viewed as uint16 words
+  const uint16_t* data = nullptr;
+  int64_t ld = 0;
+  const uint16_t* row(int64_t m) const { return data + m * ld; }
+};
+
+Bf16Rows bf16_rows(const at::Tensor& x, int64_t Kp) {
+  const int64_t M = x.size(0), K = x.size(1);
   const uint16_t* s = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  for (int64_t m = 0; m < M; ++m) std::memcpy(d + m * ld, s + m * K, K * sizeof(uint16_t));
-  return buf;
+  Bf16Rows r;
+  if (K == Kp) {
+    r.data = s;
+    r.ld = K;
+    return r;
+  }
+  r.ld = Kp + 32;
+  r.buf.zero(static_cast<size_t>((M * r.ld + 1) / 2));
+  uint16_t* d = reinterpret_cast<uint16_t*>(r.buf.data());
+  for (int64_t m = 0; m < M; ++m) std::memcpy(d + m * r.ld, s + m * K, K * sizeof(uint16_t));
+  r.data = d;
+  return r;
 }
 
 // bfloat16 (c - 8) at word lanes c and c + 16: vpermw reads bits 4..0 of each index, so a zero-extended byte
@@ -714,10 +727,10 @@ QUANTA_AVX512BF16 inline __m512 scale_bcast(const Int4Rows& src, int64_t g, int6
 }
 
 // X[m * ngroups + g] for the MB rows of x
-QUANTA_AVX512BF16 void group_sums_bf16(const Int4Rows& src, const uint16_t* xb, int64_t M, int64_t Kp, float* X) {
+QUANTA_AVX512BF16 void group_sums_bf16(const Int4Rows& src, const Bf16Rows& xb, int64_t M, int64_t Kp, float* X) {
   const __m512i ones = _mm512_load_si512(kOnesBf16);
   for (int64_t m = 0; m < M; ++m) {
-    const uint16_t* xr = xb + m * bf16_ld(Kp);
+    const uint16_t* xr = xb.row(m);
     for (int64_t g = 0; g < src.ngroups; ++g) {
       const int64_t k1 = g == src.ngroups - 1 ? Kp : std::min(Kp, (g + 1) * src.group);
       __m512 acc = _mm512_setzero_ps();
@@ -829,17 +842,16 @@ void run_block_int4_bf16(const Int4Rows& src, const int64_t* rows, const uint16_
 // mb activation rows; each output follows the order of the header above whatever mb.
 template <typename Epi>
 void run_int4_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Epi& epi) {
-  const auto xb = pad_bf16_x(x, Kp);
-  const uint16_t* xw = reinterpret_cast<const uint16_t*>(xb.data());
+  const Bf16Rows xb = bf16_rows(x, Kp);
   std::vector<float> X(static_cast<size_t>(M * src.ngroups));
-  group_sums_bf16(src, xw, M, Kp, X.data());
+  group_sums_bf16(src, xb, M, Kp, X.data());
   const int64_t ntiles = (N + kDecodeTileRows - 1) / kDecodeTileRows;
   parallel_tiles(ntiles, [&](int64_t t) {
     const int64_t n0 = t * kDecodeTileRows, n1 = std::min(N, n0 + kDecodeTileRows);
     for (int64_t m0 = 0; m0 < M; m0 += kBf16MaxRows) {
       const int mb = static_cast<int>(std::min<int64_t>(kBf16MaxRows, M - m0));
       const uint16_t* xr[kBf16MaxRows];
-      for (int m = 0; m < mb; ++m) xr[m] = xw + (m0 + m) * bf16_ld(Kp);
+      for (int m = 0; m < mb; ++m) xr[m] = xb.row(m0 + m);
       alignas(64) float Z[kBf16MaxRows * 16];
       zero_terms_bf16(src, n0, n1 - n0, X.data(), m0, mb, Z);
       const int rmax = bf16_rows_for(mb);
@@ -1171,48 +1183,92 @@ void gemm_mk_bf16_rows(int mr, const uint32_t* Bp, const uint16_t* const* xr, in
   }
 }
 
-// int4, one group: P = the pair chain from 0 in registers, then C = fma(s, P, C) (s: the panel's 64 scales).
+// One pair step of the int4 micro-kernel below.
 template <int MR>
-QUANTA_AVX512BF16 void gemm_mk_bf16_group(const uint32_t* Bp, const uint16_t* const* xr, int64_t npairs,
-                                          const float* s, float* C) {
-  __m512 c[MR][4];
+QUANTA_AVX512BF16 __attribute__((always_inline)) inline void pair_step_bf16(const uint32_t* Bp, int64_t p,
+                                                                            const uint16_t* const* xr,
+                                                                            __m512 (*P)[4]) {
+  const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
+  const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
+  for (int m = 0; m < MR; ++m) {
+    const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
+    P[m][0] = _mm512_dpbf16_ps(P[m][0], xb, (__m512bh)b0);
+    P[m][1] = _mm512_dpbf16_ps(P[m][1], xb, (__m512bh)b1);
+    P[m][2] = _mm512_dpbf16_ps(P[m][2], xb, (__m512bh)b2);
+    P[m][3] = _mm512_dpbf16_ps(P[m][3], xb, (__m512bh)b3);
+  }
+}
+
+// int4: MR <= 3 rows keep S (C) and P both in registers through the ng groups (GP pairs each; the last may be
+// shorter) of a k block.
+template <int MR, int GP>
+QUANTA_AVX512BF16 void gemm_mk_bf16_groups(const uint32_t* Bp, const uint16_t* const* xr, int64_t ng,
+                                           int64_t npairs, const float* s, float* C) {
+  __m512 c[MR][4], P[MR][4];
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 4; ++j) c[m][j] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < npairs; ++p) {
-    const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
-    const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
-    for (int m = 0; m < MR; ++m) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
-      c[m][0] = _mm512_dpbf16_ps(c[m][0], xb, (__m512bh)b0);
-      c[m][1] = _mm512_dpbf16_ps(c[m][1], xb, (__m512bh)b1);
-      c[m][2] = _mm512_dpbf16_ps(c[m][2], xb, (__m512bh)b2);
-      c[m][3] = _mm512_dpbf16_ps(c[m][3], xb, (__m512bh)b3);
+    for (int j = 0; j < 4; ++j) c[m][j] = _mm512_loadu_ps(C + m * kPanel + 16 * j);
+  for (int64_t q = 0; q < ng; ++q) {
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < 4; ++j) P[m][j] = _mm512_setzero_ps();
+    const int64_t p0 = q * GP, p1 = std::min<int64_t>(npairs, p0 + GP);
+    if (p1 - p0 == GP) {
+      for (int64_t p = p0; p < p0 + GP; ++p) pair_step_bf16<MR>(Bp, p, xr, P);  // a constant trip count
+    } else {
+      for (int64_t p = p0; p < p1; ++p) pair_step_bf16<MR>(Bp, p, xr, P);
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m512 sj = _mm512_load_ps(s + q * kPanel + 16 * j);
+      for (int m = 0; m < MR; ++m) c[m][j] = _mm512_fmadd_ps(sj, P[m][j], c[m][j]);
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 4; ++j)
-      _mm512_storeu_ps(C + m * kPanel + 16 * j, _mm512_fmadd_ps(_mm512_load_ps(s + 16 * j), c[m][j],
-                                                                _mm512_loadu_ps(C + m * kPanel + 16 * j)));
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
 }
 
-void gemm_mk_bf16_group_rows(int mr, const uint32_t* Bp, const uint16_t* const* xr, int64_t npairs, const float* s,
-                             float* C) {
-  switch (mr) {
-    case 1: gemm_mk_bf16_group<1>(Bp, xr, npairs, s, C); break;
-    case 2: gemm_mk_bf16_group<2>(Bp, xr, npairs, s, C); break;
-    case 3: gemm_mk_bf16_group<3>(Bp, xr, npairs, s, C); break;
-    case 4: gemm_mk_bf16_group<4>(Bp, xr, npairs, s, C); break;
-    case 5: gemm_mk_bf16_group<5>(Bp, xr, npairs, s, C); break;
-    default: gemm_mk_bf16_group<6>(Bp, xr, npairs, s, C); break;
+template <int MR>
+void run_groups_bf16_rows(int64_t group, const uint32_t* Bp, const uint16_t* const* xr, int64_t ng, int64_t npairs,
+                          const float* s, float* C) {
+  switch (group) {
+    case 32: gemm_mk_bf16_groups<MR, 16>(Bp, xr, ng, npairs, s, C); break;
+    case 64: gemm_mk_bf16_groups<MR, 32>(Bp, xr, ng, npairs, s, C); break;
+    case 128: gemm_mk_bf16_groups<MR, 64>(Bp, xr, ng, npairs, s, C); break;
+    default: gemm_mk_bf16_groups<MR, 128>(Bp, xr, ng, npairs, s, C); break;  // 256 (checked by the op)
   }
 }
 
+void run_groups_bf16(int mr, int64_t group, const uint32_t* Bp, const uint16_t* const* xr, int64_t ng,
+                     int64_t npairs, const float* s, float* C) {
+  switch (mr) {
+    case 1: run_groups_bf16_rows<1>(group, Bp, xr, ng, npairs, s, C); break;
+    case 2: run_groups_bf16_rows<2>(group, Bp, xr, ng, npairs, s, C); break;
+    default: run_groups_bf16_rows<3>(group, Bp, xr, ng, npairs, s, C); break;
+  }
+}
+
+// The bfloat16 output of the bf16 paths, 16 outputs at a time, in the order of the scalar epilogues:
+// y[m, n] = bf16(((v * s[n]) + b[n])) for int8, bf16((v + Z) + b[n]) for int4 (round to nearest even).
+struct Bf16Out {
+  const uint16_t* scale;  // int8's bfloat16 row scales, or null
+  const float* bias;      // or null
+  uint16_t* y;            // [M, N]
+  int64_t N;
+};
+
+QUANTA_AVX512BF16 void finish16_bf16(const Bf16Out& o, int64_t m, int64_t n, int64_t cnt, const float* v,
+                                     const float* z) {
+  const __mmask16 mask = mask16(cnt);
+  __m512 r = _mm512_maskz_loadu_ps(mask, v);
+  if (o.scale)
+    r = _mm512_mul_ps(r, _mm512_castsi512_ps(_mm512_slli_epi32(
+                             _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, o.scale + n)), 16)));
+  if (z) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, z));
+  if (o.bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, o.bias + n));
+  _mm256_mask_storeu_epi16(o.y + m * o.N + n, mask, (__m256i)_mm512_cvtneps_pbh(r));
+}
+
 // int8: k blocks of kKcBf16, one chain per output through C.
-template <typename Epi>
-void run_gemm_bf16(const Int8Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Epi& epi) {
-  const auto xb = pad_bf16_x(x, Kp);
-  const uint16_t* xw = reinterpret_cast<const uint16_t*>(xb.data());
-  const int64_t ld = bf16_ld(Kp);
+void run_gemm_bf16(const Int8Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Bf16Out& out) {
+  const Bf16Rows xb = bf16_rows(x, Kp);
   parallel_tiles((N + kPanel - 1) / kPanel, [&](int64_t t) {
     const int64_t n0 = t * kPanel, nrows = std::min(N, n0 + kPanel) - n0;
     thread_local AlignedFloats bp, cbuf;
@@ -1225,46 +1281,45 @@ void run_gemm_bf16(const Int8Rows& src, int64_t N, int64_t M, const at::Tensor& 
       for (int64_t m0 = 0; m0 < M; m0 += kMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kMr, M - m0));
         const uint16_t* xr[kMr];
-        for (int m = 0; m < mr; ++m) xr[m] = xw + (m0 + m) * ld + k0;
+        for (int m = 0; m < mr; ++m) xr[m] = xb.row(m0 + m) + k0;
         gemm_mk_bf16_rows(mr, Bp, xr, kc / 2, cbuf.data() + m0 * kPanel, k0 == 0);
       }
     }
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t i = 0; i < nrows; ++i) epi(n0 + i, m, cbuf.data()[m * kPanel + i]);
+      for (int64_t i = 0; i < nrows; i += 16)
+        finish16_bf16(out, m, n0 + i, nrows - i, cbuf.data() + m * kPanel + i, nullptr);
   });
 }
 
 // int4: k blocks of whole groups; per group the micro-kernel sums P from 0, then S = fma(s_g, P_g, S).
-template <typename Epi>
-void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Epi& epi) {
-  const auto xb = pad_bf16_x(x, Kp);
-  const uint16_t* xw = reinterpret_cast<const uint16_t*>(xb.data());
-  const int64_t ld = bf16_ld(Kp);
+void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Bf16Out& out) {
+  const Bf16Rows xb = bf16_rows(x, Kp);
   std::vector<float> X(static_cast<size_t>(M * src.ngroups));
-  group_sums_bf16(src, xw, M, Kp, X.data());
-  const int64_t kcb = std::max(kKcBf16, src.group);
+  group_sums_bf16(src, xb, M, Kp, X.data());
+  const int64_t kcb = kKcBf16;
   parallel_tiles((N + kPanel - 1) / kPanel, [&](int64_t t) {
     const int64_t n0 = t * kPanel, nrows = std::min(N, n0 + kPanel) - n0;
     thread_local AlignedFloats bp, cbuf, sbuf;
     bp.reserve(static_cast<size_t>(kcb / 2 * kPanel));
     cbuf.zero(static_cast<size_t>(M * kPanel));
-    sbuf.reserve(static_cast<size_t>(kPanel));
+    sbuf.reserve(static_cast<size_t>(kcb / src.group * kPanel));
     uint32_t* Bp = reinterpret_cast<uint32_t*>(bp.data());
     for (int64_t k0 = 0; k0 < Kp; k0 += kcb) {
       const int64_t kc = std::min(kcb, Kp - k0);
       pack_pairs(src, n0, nrows, k0, kc, Bp);
-      for (int64_t kg = k0; kg < k0 + kc; kg += src.group) {
-        const int64_t g = std::min<int64_t>(kg >> src.gshift, src.ngroups - 1);
-        const int64_t npairs = std::min(src.group, k0 + kc - kg) / 2;
+      // the block's groups' scales (kKcBf16 holds whole groups: group_size <= 256 on this path)
+      const int64_t ng = (kc + src.group - 1) / src.group;
+      for (int64_t q = 0; q < ng; ++q) {
+        const int64_t g = std::min<int64_t>((k0 + q * src.group) >> src.gshift, src.ngroups - 1);
         for (int64_t i = 0; i < kPanel; ++i)
-          sbuf.data()[i] = i < nrows ? bf16_to_float(src.sz[(g * N + n0 + i) * 2]) : 0.0f;
-        for (int64_t m0 = 0; m0 < M; m0 += kMr) {
-          const int mr = static_cast<int>(std::min<int64_t>(kMr, M - m0));
-          const uint16_t* xr[kMr];
-          for (int m = 0; m < mr; ++m) xr[m] = xw + (m0 + m) * ld + kg;
-          gemm_mk_bf16_group_rows(mr, Bp + (kg - k0) / 2 * kPanel, xr, npairs, sbuf.data(),
-                                  cbuf.data() + m0 * kPanel);
-        }
+          sbuf.data()[q * kPanel + i] = i < nrows ? bf16_to_float(src.sz[(g * N + n0 + i) * 2]) : 0.0f;
+      }
+      // 3 activation rows at a time keep S and P in registers through the block's groups
+      for (int64_t m0 = 0; m0 < M; m0 += 3) {
+        const int mr = static_cast<int>(std::min<int64_t>(3, M - m0));
+        const uint16_t* xr[3];
+        for (int m = 0; m < mr; ++m) xr[m] = xb.row(m0 + m) + k0;
+        run_groups_bf16(mr, src.group, Bp, xr, ng, kc / 2, sbuf.data(), cbuf.data() + m0 * kPanel);
       }
     }
     for (int64_t m0 = 0; m0 < M; m0 += kBf16MaxRows) {
@@ -1273,8 +1328,8 @@ void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& 
         alignas(64) float Z[kBf16MaxRows * 16];
         zero_terms_bf16(src, n0 + 16 * j, std::min<int64_t>(16, nrows - 16 * j), X.data(), m0, mb, Z);
         for (int m = 0; m < mb; ++m)
-          for (int64_t i = 16 * j; i < std::min<int64_t>(16 * j + 16, nrows); ++i)
-            epi(n0 + i, m0 + m, cbuf.data()[(m0 + m) * kPanel + i] + Z[m * 16 + (i - 16 * j)]);
+          finish16_bf16(out, m0 + m, n0 + 16 * j, nrows - 16 * j, cbuf.data() + (m0 + m) * kPanel + 16 * j,
+                        Z + m * 16);
       }
     }
   });
@@ -1325,7 +1380,7 @@ at::Tensor int8_weight_only_linear(const at::Tensor& x, const at::Tensor& w, con
     store_out(out, m * N + n, r, kind);
   };
   if (active_isa() == AVX512_BF16 && kind == OUT_BF16 && M >= kPrefillMinRows) {
-    run_gemm_bf16(src, N, M, x, Kp, epi);
+    run_gemm_bf16(src, N, M, x, Kp, Bf16Out{s, b, static_cast<uint16_t*>(out), N});
     return y;
   }
   run_linear(src, N, M, widen_x(x, Kp), Kp, (K + 15) / 16, epi);
@@ -1355,11 +1410,11 @@ at::Tensor int4_weight_only_linear(const at::Tensor& x, const at::Tensor& packed
                      group_size, ngroups, __builtin_ctzll(static_cast<unsigned long long>(group_size))};
   void* out = y.data_ptr();
   const auto epi = [&](int64_t n, int64_t m, float v) { store_out(out, m * N + n, b ? v + b[n] : v, kind); };
-  if (active_isa() == AVX512_BF16 && kind == OUT_BF16 && group_size >= 32) {
+  if (active_isa() == AVX512_BF16 && kind == OUT_BF16 && group_size >= 32 && group_size <= kKcBf16) {
     if (M < kPrefillMinRows) {
       run_int4_bf16(src, N, M, x, Kp, epi);
     } else {
-      run_gemm_bf16(src, N, M, x, Kp, epi);
+      run_gemm_bf16(src, N, M, x, Kp, Bf16Out{nullptr, b, static_cast<uint16_t*>(out), N});
     }
     return y;
   }
