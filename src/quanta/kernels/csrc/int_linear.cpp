@@ -103,6 +103,51 @@ void parallel_tiles(int64_t ntiles, const F& fn) {
   });
 }
 
+// The same, for streaming kernels (decode: each weight byte read once, from DRAM): thread w owns a contiguous run
+// of tiles and takes them in order, so that its reads form one sequential stream the prefetchers can follow; a
+// thread that runs out takes the last free tile of another's run (so one descheduled thread still holds up
+// only a tile). A run's [front, back) lives in one 64-bit word, changed by compare-and-swap.
+template <typename F>
+void parallel_runs(int64_t ntiles, const F& fn) {
+  if (ntiles <= 0) return;
+  const int64_t nthreads = std::min<int64_t>({at::get_num_threads(), ntiles, 64});
+  if (nthreads <= 1) {
+    for (int64_t t = 0; t < ntiles; ++t) fn(t);
+    return;
+  }
+  std::vector<std::atomic<uint64_t>> runs(static_cast<size_t>(nthreads));
+  for (int64_t w = 0; w < nthreads; ++w) {
+    const auto lo = static_cast<uint64_t>(ntiles * w / nthreads), hi = static_cast<uint64_t>(ntiles * (w + 1) / nthreads);
+    runs[w].store(lo << 32 | hi);
+  }
+  at::parallel_for(0, nthreads, 1, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      for (int64_t i = 0; i < nthreads; ++i) {
+        std::atomic<uint64_t>& run = runs[(w + i) % nthreads];
+        const bool own = i == 0;
+        uint64_t v = run.load();
+        while (true) {
+          const uint64_t lo = v >> 32, hi = v & 0xFFFFFFFFu;
+          if (lo >= hi) break;
+          const uint64_t next = own ? ((lo + 1) << 32 | hi) : (lo << 32 | (hi - 1));
+          if (run.compare_exchange_weak(v, next)) {
+            fn(static_cast<int64_t>(own ? lo : hi - 1));
+            v = run.load();
+          }
+        }
+      }
+    }
+  });
+}
+
+// Decode reads each weight byte once, from DRAM, R rows in step; the hardware prefetchers alone reach about half
+// the machine's read bandwidth on that pattern (measured: 11 vs 23 GB/s on 2 Zen 4 cores). So each load also
+// asks for the same bytes of the next block of rows (`ahead` bytes on: the thread's next rows, see
+// parallel_runs), into L2: a prefetch into L1 holds one of L1's few miss buffers and gained nothing.
+inline void prefetch_next_rows(const void* p, int64_t ahead) {
+  _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T1);
+}
+
 enum OutKind { OUT_F32 = 0, OUT_BF16 = 1, OUT_F16 = 2 };
 
 OutKind out_kind(at::ScalarType t) {
@@ -285,6 +330,7 @@ QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, 
     const int q = static_cast<int>(c % 4);
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = src.p + rows[r] * src.row_bytes + (c / 4) * 32;
+      if (c % 8 == 0) prefetch_next_rows(blk, R * src.row_bytes);
       __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q % 2) * 16));
       if (q >= 2) b = _mm_srli_epi16(b, 4);
       b = _mm_and_si128(b, nibble);
@@ -320,6 +366,7 @@ QUANTA_AVX2 void block_avx2_pass_int8(const Int8Rows& src, const int64_t* rows, 
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const int8_t* p = rp[r] + 16 * c;
+      if ((c & 3) == 0) prefetch_next_rows(p, R * src.K);
       const __m256 wl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
       const __m256 wh =
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
@@ -400,6 +447,7 @@ QUANTA_AVX2 void block_avx2_pass_int4_b64(const Int4Rows& src, const int64_t* ro
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = rp[r] + 32 * b;
+      if ((b & 1) == 0) prefetch_next_rows(p, R * src.row_bytes);
       const __m256 s0 = sa[r], z0 = za[r];
       const __m256 s1 = SPLIT ? sb[r] : sa[r], z1 = SPLIT ? zb[r] : za[r];
       // each pair of weight vectors is used as soon as it is made: 16 registers hold 8 accumulators at most
@@ -480,6 +528,7 @@ QUANTA_AVX512 void block_avx512(const Int8Rows& src, const int64_t* rows, const 
   int64_t c = 0;
   for (; c < full; ++c) {
     for (int r = 0; r < R; ++r) {
+      if ((c & 3) == 0) prefetch_next_rows(rp[r] + 16 * c, R * src.K);
       const __m512 w = _mm512_cvtepi32_ps(
           _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 16 * c))));
       for (int m = 0; m < MB; ++m) acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + 16 * c), w, acc[r * MB + m]);
@@ -538,10 +587,11 @@ QUANTA_AVX512 inline __m512 lut_avx512(const Int4Rows& src, int64_t n, int64_t k
 // 0-1 (k 0-31), 1: chunks 2-3 (k 32-63), 2: all four (groups of 64 or more: one table per block).
 template <int R, int MB, int PART>
 QUANTA_AVX512 __attribute__((always_inline)) inline void int4_chunks_avx512(const uint8_t* const* rp, int64_t b,
-                                                                            const __m512* lut,
+                                                                            int64_t row_bytes, const __m512* lut,
                                                                             const float* const* xr, __m512* acc) {
   const int64_t k0 = 64 * b;
   for (int r = 0; r < R; ++r) {
+    if ((b & 1) == 0 && PART != 1) prefetch_next_rows(rp[r] + 32 * b, R * row_bytes);
     const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 32 * b)));
     const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 32 * b + 16)));
     if (PART != 1) {
@@ -580,15 +630,15 @@ QUANTA_AVX512 void block_int4_avx512(const Int4Rows& src, const int64_t* rows, c
       group = g;
     }
     if (SPLIT) {
-      int4_chunks_avx512<R, MB, 0>(rp, b, lut, xr, acc);
+      int4_chunks_avx512<R, MB, 0>(rp, b, src.row_bytes, lut, xr, acc);
       const int64_t g2 = std::min<int64_t>((k0 + 32) >> src.gshift, src.ngroups - 1);
       if (g2 != group) {
         for (int r = 0; r < R; ++r) lut[r] = lut_avx512(src, rows[r], k0 + 32);
         group = g2;
       }
-      int4_chunks_avx512<R, MB, 1>(rp, b, lut, xr, acc);
+      int4_chunks_avx512<R, MB, 1>(rp, b, src.row_bytes, lut, xr, acc);
     } else {
-      int4_chunks_avx512<R, MB, 2>(rp, b, lut, xr, acc);
+      int4_chunks_avx512<R, MB, 2>(rp, b, src.row_bytes, lut, xr, acc);
     }
   }
   __m512 all[16];
@@ -640,7 +690,7 @@ template <typename Src, typename Epi>
 void run_decode(int64_t isa, const Src& src, int64_t N, int64_t M, const float* xf, int64_t Kp, int64_t nchunks,
                 const Epi& epi) {
   const int64_t ntiles = (N + kDecodeTileRows - 1) / kDecodeTileRows;
-  parallel_tiles(ntiles, [&](int64_t t) {
+  parallel_runs(ntiles, [&](int64_t t) {
     const int64_t n0 = t * kDecodeTileRows, n1 = std::min(N, n0 + kDecodeTileRows);
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
       const int mb = static_cast<int>(std::min<int64_t>(4, M - m0));
@@ -768,9 +818,7 @@ QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows,
       group = group_of(k0);
     }
     for (int r = 0; r < R; ++r) {
-      // the same bytes of the next block of rows: a row is short (K / 2 bytes), too short for the hardware
-      // prefetcher to ramp up on, and decode reads the weight once from DRAM
-      if ((b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(rp[r] + R * src.row_bytes + 32 * b), _MM_HINT_T0);
+      if ((b & 1) == 0) prefetch_next_rows(rp[r] + 32 * b, R * src.row_bytes);
       const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp[r] + 32 * b)));
       const __m512i wl = _mm512_permutexvar_epi16(v, lut);                        // k0 .. k0 + 31
       const __m512i wh = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);   // k0 + 32 .. k0 + 63
@@ -846,7 +894,7 @@ void run_int4_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& 
   std::vector<float> X(static_cast<size_t>(M * src.ngroups));
   group_sums_bf16(src, xb, M, Kp, X.data());
   const int64_t ntiles = (N + kDecodeTileRows - 1) / kDecodeTileRows;
-  parallel_tiles(ntiles, [&](int64_t t) {
+  parallel_runs(ntiles, [&](int64_t t) {
     const int64_t n0 = t * kDecodeTileRows, n1 = std::min(N, n0 + kDecodeTileRows);
     for (int64_t m0 = 0; m0 < M; m0 += kBf16MaxRows) {
       const int mb = static_cast<int>(std::min<int64_t>(kBf16MaxRows, M - m0));
@@ -1435,6 +1483,7 @@ QUANTA_AVX512 void dot_i8_avx512(const int8_t* w, int64_t K, const int64_t* rows
     if (left <= 0) break;
     const __mmask64 mask = left >= 64 ? ~0ULL : ((1ULL << left) - 1ULL);
     for (int r = 0; r < R; ++r) {
+      prefetch_next_rows(w + rows[r] * K + 64 * c, R * K);
       const __m512i wv = _mm512_maskz_loadu_epi8(mask, w + rows[r] * K + 64 * c);
       for (int m = 0; m < MB; ++m)
         acc[r * MB + m] = _mm512_dpbusd_epi32(acc[r * MB + m], _mm512_loadu_si512(xr[m] + 64 * c), wv);
@@ -1453,6 +1502,7 @@ QUANTA_AVX2 void dot_i8_avx2(const int8_t* w, int64_t K, const int64_t* rows, co
     const int64_t left = K - 16 * c;
     for (int r = 0; r < R; ++r) {
       const int8_t* p = w + rows[r] * K + 16 * c;
+      if ((c & 3) == 0) prefetch_next_rows(p, R * K);
       if (left < 16) {
         std::memset(tmp, 0, 16);
         std::memcpy(tmp, p, static_cast<size_t>(left));
@@ -1531,7 +1581,7 @@ at::Tensor int8_dynamic_linear(const at::Tensor& qx, const c10::optional<at::Ten
   void* out = y.data_ptr();
   const int64_t tile_rows = M <= 4 ? 16 : 64;
   const int64_t ntiles = (N + tile_rows - 1) / tile_rows;
-  parallel_tiles(ntiles, [&](int64_t t) {
+  parallel_runs(ntiles, [&](int64_t t) {
     const int64_t n0 = t * tile_rows, n1 = std::min(N, n0 + tile_rows);
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
       const int mb = static_cast<int>(std::min<int64_t>(4, M - m0));
