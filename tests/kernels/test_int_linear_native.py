@@ -188,19 +188,41 @@ def test_bf16_paths_rows_do_not_depend_on_threads_or_the_other_rows():
     x = torch.randn(75, k, generator=g).to(torch.bfloat16)  # crosses the 64-row blocks
     calls = {"int8": lambda a: int8_weight_only_linear(a, qw, s),
              "int4": lambda a: int4_cpu_linear(a, packed, sz, 32, n)}
-    threads = torch.get_num_threads()
     for name, f in calls.items():
-        try:
-            torch.set_num_threads(1)
-            one = f(x)
-            torch.set_num_threads(2)
-            two = f(x)
-        finally:
-            torch.set_num_threads(threads)
-        assert torch.equal(one, two), name
-        assert torch.equal(f(x[10:30]), one[10:30]), name
-        assert torch.equal(f(x[60:75]), one[60:75]), name
-    assert torch.equal(f(x[1:2]), f(x[1:4])[:1]), name  # decode rows
+        one, *more = _at_thread_counts(lambda: (f(x), f(x[:3])), (1, 2, 3))
+        for other in more:
+            assert torch.equal(one[0], other[0]) and torch.equal(one[1], other[1]), name
+        assert torch.equal(f(x[10:30]), one[0][10:30]), name
+        assert torch.equal(f(x[60:75]), one[0][60:75]), name
+        assert torch.equal(f(x[1:2]), one[1][1:2]), name  # decode rows
+
+
+def _at_thread_counts(fn, counts):
+    """``fn()`` run with each of torch's intra-op thread counts in ``counts`` (3 on 2 cores: threads steal runs)."""
+    threads = torch.get_num_threads()
+    try:
+        out = []
+        for c in counts:
+            torch.set_num_threads(c)
+            out.append(fn())
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_decode_rows_do_not_depend_on_threads():
+    g = _gen(8)
+    n, k = 333, 200  # 21 tiles of 16 rows: runs of 10 and 11 (2 threads), 7 each (3)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g))
+    _, packed, sz = _int4_weight(n, k, 64, g)
+    x = torch.randn(3, k, generator=g)
+    for isa in _EXACT_ISAS:
+        with native.force_isa(isa):
+            one, *more = _at_thread_counts(lambda: (int8_weight_only_linear(x, qw, s),
+                                                    int4_cpu_linear(x, packed, sz, 64, n)), (1, 2, 3, 8))
+        for other in more:
+            assert torch.equal(one[0], other[0]) and torch.equal(one[1], other[1]), isa
 
 
 def test_the_rows_of_one_call_do_not_depend_on_threads_or_the_other_rows():
