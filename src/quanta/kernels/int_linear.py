@@ -52,8 +52,9 @@ error bound stays a float32 one:
   plus the output rounding (``|s (c - 8)| + |z|`` may exceed ``|w|`` where they cancel).
 
 These orders differ from the common paths' in the last bits (a bfloat16 output
-rarely shows it) and are reproducible across thread counts and the rows of a
-call; ``force_isa("avx512")`` runs the common paths on such a CPU.
+rarely shows it), and int4 decode rows (lanes and a tree, as above) from int4
+prefill rows (one chain per output); each is reproducible across thread counts
+and the rows of a call. ``force_isa("avx512")`` runs the common paths on such a CPU.
 
 The activation quantization of the dynamic path is torchao's (0.15), computed
 by the torchao-convention kernels in :mod:`quanta.kernels.zero_point`:
