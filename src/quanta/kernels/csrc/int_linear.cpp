@@ -717,7 +717,7 @@ void run_decode(int64_t isa, const Src& src, int64_t N, int64_t M, const float* 
   });
 }
 
-// ---- AVX-512 + vdpbf16ps: int4 weight-only decode on bfloat16 activations (M < kPrefillMinRows, groups >= 32)
+// ---- AVX-512 + vdpbf16ps: int4 weight-only decode on bfloat16 activations (M < kPrefillMinRows, groups 32..256)
 // Its own fixed order (the exact-dequantized order above costs a float conversion and an fma per weight), the
 // weight taken in its factored form w = s_g (c - 8) + z_g:
 //   y = S + Z,  S = tree16(Y),  Y_l = fma(s_g, P_g,l, Y_l) over the groups g in increasing order (from 0),
@@ -1199,6 +1199,22 @@ QUANTA_AVX512BF16 void pack_pairs(const Int4Rows& src, int64_t n0, int64_t nrows
   }
 }
 
+// One pair step of the micro-kernels below: acc[m][j] += the pair p of x row m against Bp's 16-row vector j.
+template <int MR>
+QUANTA_AVX512BF16 __attribute__((always_inline)) inline void pair_step_bf16(const uint32_t* Bp, int64_t p,
+                                                                            const uint16_t* const* xr,
+                                                                            __m512 (*acc)[4]) {
+  const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
+  const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
+  for (int m = 0; m < MR; ++m) {
+    const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
+    acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xb, (__m512bh)b0);
+    acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xb, (__m512bh)b1);
+    acc[m][2] = _mm512_dpbf16_ps(acc[m][2], xb, (__m512bh)b2);
+    acc[m][3] = _mm512_dpbf16_ps(acc[m][3], xb, (__m512bh)b3);
+  }
+}
+
 // acc[m][j] (+)= the pair chain of x rows xr[m] against Bp's npairs pairs; from C (first: from 0) into C.
 template <int MR>
 QUANTA_AVX512BF16 void gemm_mk_bf16(const uint32_t* Bp, const uint16_t* const* xr, int64_t npairs, float* C,
@@ -1210,15 +1226,7 @@ QUANTA_AVX512BF16 void gemm_mk_bf16(const uint32_t* Bp, const uint16_t* const* x
     if ((p & 15) == 0 && x_ahead)  // the next row block's line of x, while this one computes (the int4 groups
       for (int m = 0; m < MR; ++m)  // kernel below measured slower with it)
         _mm_prefetch(reinterpret_cast<const char*>(xr[m] + 2 * p + x_ahead), _MM_HINT_T0);
-    const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
-    const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
-    for (int m = 0; m < MR; ++m) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
-      c[m][0] = _mm512_dpbf16_ps(c[m][0], xb, (__m512bh)b0);
-      c[m][1] = _mm512_dpbf16_ps(c[m][1], xb, (__m512bh)b1);
-      c[m][2] = _mm512_dpbf16_ps(c[m][2], xb, (__m512bh)b2);
-      c[m][3] = _mm512_dpbf16_ps(c[m][3], xb, (__m512bh)b3);
-    }
+    pair_step_bf16<MR>(Bp, p, xr, c);
   }
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
@@ -1233,22 +1241,6 @@ void gemm_mk_bf16_rows(int mr, const uint32_t* Bp, const uint16_t* const* xr, in
     case 4: gemm_mk_bf16<4>(Bp, xr, npairs, C, first, x_ahead); break;
     case 5: gemm_mk_bf16<5>(Bp, xr, npairs, C, first, x_ahead); break;
     default: gemm_mk_bf16<6>(Bp, xr, npairs, C, first, x_ahead); break;
-  }
-}
-
-// One pair step of the int4 micro-kernel below.
-template <int MR>
-QUANTA_AVX512BF16 __attribute__((always_inline)) inline void pair_step_bf16(const uint32_t* Bp, int64_t p,
-                                                                            const uint16_t* const* xr,
-                                                                            __m512 (*P)[4]) {
-  const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
-  const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
-  for (int m = 0; m < MR; ++m) {
-    const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
-    P[m][0] = _mm512_dpbf16_ps(P[m][0], xb, (__m512bh)b0);
-    P[m][1] = _mm512_dpbf16_ps(P[m][1], xb, (__m512bh)b1);
-    P[m][2] = _mm512_dpbf16_ps(P[m][2], xb, (__m512bh)b2);
-    P[m][3] = _mm512_dpbf16_ps(P[m][3], xb, (__m512bh)b3);
   }
 }
 
