@@ -21,6 +21,10 @@ Measured in one run, rounds interleaved across all variants (medians over rounds
 * torchao (Int8WeightOnlyConfig, Int4WeightOnlyConfig(int4_packing_format="opaque"),
   Int8DynamicActivationInt8WeightConfig) when it is importable here.
 
+``--attn quanta_cpu`` runs every torch variant (bf16 too) with quanta's decode attention
+(:mod:`quanta.quantization.cpu_attention`) instead of transformers' SDPA; ``--attn eager``
+with transformers' eager attention.
+
 Not a test: nothing asserts on time. Threads: 2 for everyone (``--threads``).
 ``OMP_WAIT_POLICY`` is set to ``passive`` unless the environment sets it (for this
 process and the llama.cpp worker alike): on a machine whose cores other jobs
@@ -30,6 +34,7 @@ descheduled thread (a 2-layer model decoded 13x slower with 2 threads than with
 torch's default.
 
     python bench/bench_llm.py [--rounds 3] [--decode-tokens 32] [--llama-python /path/to/python]
+                              [--attn sdpa|eager|quanta_cpu]
 """
 
 from __future__ import annotations
@@ -289,6 +294,8 @@ def main() -> None:
     ap.add_argument("--weights-dir", help=argparse.SUPPRESS)
     ap.add_argument("--kinds", help=argparse.SUPPRESS)
     ap.add_argument("--omp-wait-policy", default=os.environ.get("OMP_WAIT_POLICY", "passive"))
+    ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager", "quanta_cpu"),
+                    help="transformers' attention implementation for every torch variant, bf16 included")
     args = ap.parse_args()
     if args.llama_worker:
         return _llama_worker(args)
@@ -301,7 +308,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.bfloat16).eval()
+    if args.attn == "quanta_cpu":
+        from quanta.quantization.cpu_attention import register
+
+        register()
+    base = LlamaForCausalLM(LlamaConfig(**CONFIG, attn_implementation=args.attn)).to(torch.bfloat16).eval()
     llama = None if args.no_llama else _start_llama(args, base, torch)
     variants = _variants(torch, base)
     int_linear_native.ops()
@@ -332,7 +343,8 @@ def main() -> None:
 
     bf16_decode = med(rows["bf16"], "decode")
     print(f"\ntorch {torch.__version__}, {args.threads} threads, quanta kernels {int_linear_native.status()} "
-          f"({int_linear_native.isa()}), OMP_WAIT_POLICY={args.omp_wait_policy}; read bandwidth {bw / 1e9:.1f} GB/s; load average "
+          f"({int_linear_native.isa()}), attention {args.attn}, OMP_WAIT_POLICY={args.omp_wait_policy}; "
+          f"read bandwidth {bw / 1e9:.1f} GB/s; load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; medians of {args.rounds} interleaved rounds; decode "
           f"after a {DECODE_CONTEXT}-token prompt, {args.decode_tokens} tokens")
     header = ("| weights | weight MB read / token | decode tok/s | roofline tok/s | decode / roofline | "

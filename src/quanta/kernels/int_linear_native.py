@@ -1,9 +1,10 @@
-"""Build and load quanta's CPU integer-linear kernels (``csrc/int_linear.cpp``), a torch C++ extension.
+"""Build and load quanta's CPU kernels, a torch C++ extension: the integer-weight linear layers
+(``csrc/int_linear.cpp``) and decode attention (``csrc/decode_attention.cpp``).
 
 The extension is compiled with :func:`torch.utils.cpp_extension.load` the first
 time a kernel is needed (never at import), into
 ``$QUANTA_CACHE_DIR/torch_ext/<key>`` (default ``~/.cache/quanta``), keyed by a
-hash of the source, the flags and torch's version, and reused by every later
+hash of the sources, the flags and torch's version, and reused by every later
 process. It registers ``torch.ops.quanta_cpu.*``; its kernels run on torch's
 intra-op thread pool (``at::parallel_for``) and link torch's own OpenMP
 runtime, so no second pool competes with torch's for the cores.
@@ -11,7 +12,8 @@ runtime, so no second pool competes with torch's for the cores.
 If the build is impossible (no compiler, no ``ninja``) or fails, or
 ``QUANTA_INT_LINEAR_NATIVE=0`` is set, :func:`ops` returns None once with a
 one-time ``RuntimeWarning`` saying why, and :mod:`quanta.kernels.int_linear`
-runs its fallback (torch's own int8 kernel, or the reference implementation).
+runs its fallback (torch's own int8 kernel, or the reference implementation;
+:mod:`quanta.kernels.decode_attention` its reference).
 
 >>> status() in ("not loaded yet", "native") or status().startswith(("disabled", "unavailable"))
 True
@@ -33,7 +35,7 @@ import torch
 
 __all__ = ["ops", "status", "isa", "cpu_isa", "force_isa", "ISA_NAMES"]
 
-_SOURCE = pathlib.Path(__file__).with_name("csrc") / "int_linear.cpp"
+_SOURCES = tuple(pathlib.Path(__file__).with_name("csrc") / name for name in ("int_linear.cpp", "decode_attention.cpp"))
 _CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
 _ABI_VERSION = 2
 ISA_NAMES = ("portable", "avx2", "avx512", "avx512_bf16")
@@ -64,11 +66,11 @@ def _build():
     from torch.utils import cpp_extension
 
     ldflags = _openmp_ldflags()
-    key = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), " ".join(_CFLAGS + ldflags).encode(),
+    key = hashlib.sha256(b"\0".join([*(src.read_bytes() for src in _SOURCES), " ".join(_CFLAGS + ldflags).encode(),
                                      torch.__version__.encode()])).hexdigest()[:16]
     build_dir = _cache_dir() / "torch_ext" / f"quanta_cpu_{key}"
     build_dir.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(name=f"quanta_cpu_{key}", sources=[str(_SOURCE)], extra_cflags=_CFLAGS,
+    cpp_extension.load(name=f"quanta_cpu_{key}", sources=[str(src) for src in _SOURCES], extra_cflags=_CFLAGS,
                        extra_ldflags=ldflags, build_directory=str(build_dir), is_python_module=False,
                        verbose=False)
     return torch.ops.quanta_cpu

@@ -1,0 +1,87 @@
+"""quanta's decode attention kernel against float64 attention: shapes, dtypes, strides, threads, bad input."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quanta.kernels import int_linear_native as native
+from quanta.kernels.decode_attention import decode_attention, decode_attention_reference
+
+_TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+def _exact(q, k, v, scale=None):
+    g = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+    return F.scaled_dot_product_attention(q.double(), k, v, scale=scale).transpose(1, 2)
+
+
+def _case(b, hq, hkv, s, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, t, d, generator=g).to(dtype) for h, t in ((hq, 1), (hkv, s), (hkv, s))]
+
+
+@pytest.mark.parametrize("b,hq,hkv,s,d", [(1, 32, 4, 130, 64), (2, 8, 8, 1, 16), (3, 6, 2, 300, 80),
+                                          (1, 4, 1, 17, 128), (2, 2, 2, 5, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_matches_exact_attention(b, hq, hkv, s, d, dtype):
+    q, k, v = _case(b, hq, hkv, s, d, dtype, seed=b * 1000 + s + d)
+    want = _exact(q, k, v)
+    tol = _TOL[dtype] * float(v.abs().max()) + 1e-6
+    for got in (decode_attention(q, k, v), decode_attention_reference(q, k, v)):
+        assert got.shape == (b, 1, hq, d) and got.dtype == dtype
+        assert float((got.double() - want).abs().max()) <= tol
+
+
+def test_scale_and_strided_cache():
+    q, k, v = _case(2, 8, 2, 40, 64, torch.bfloat16, seed=1)
+    big_k, big_v = torch.zeros(2, 2, 64, 64, dtype=torch.bfloat16), torch.zeros(2, 2, 64, 64, dtype=torch.bfloat16)
+    big_k[:, :, :40], big_v[:, :, :40] = k, v
+    got = decode_attention(q, big_k[:, :, :40], big_v[:, :, :40], scale=0.3)  # a view of a larger cache
+    assert float((got.double() - _exact(q, k, v, scale=0.3)).abs().max()) <= 2.0**-7 * float(v.abs().max())
+    assert torch.equal(got, decode_attention(q, k, v, scale=0.3))
+
+
+def test_large_scores_do_not_overflow():
+    q, k, v = _case(1, 4, 2, 50, 32, torch.float32, seed=2)
+    got = decode_attention(q * 100, k * 100, v)
+    assert torch.isfinite(got).all()
+    assert float((got.double() - _exact(q * 100, k * 100, v)).abs().max()) <= 1e-4
+
+
+@pytest.mark.skipif(native.ops() is None, reason=f"native kernels {native.status()}")
+def test_threads_do_not_change_the_bits():
+    q, k, v = _case(3, 16, 4, 200, 64, torch.bfloat16, seed=3)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(decode_attention(q, k, v))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_fallback_without_the_extension():
+    q, k, v = _case(1, 4, 2, 9, 16, torch.float32, seed=4)
+    with native.disabled():
+        got = decode_attention(q, k, v)
+    assert float((got.double() - _exact(q, k, v)).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("bad,err,match", [
+    (lambda q, k, v: (q[:, :, :0], k, v), ValueError, "one token"),
+    (lambda q, k, v: (torch.cat([q, q], 2), k, v), ValueError, "one token"),
+    (lambda q, k, v: (q[:, :3], k, v), ValueError, "multiple of key/value heads"),
+    (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0]), ValueError, "tokens >= 1"),
+    (lambda q, k, v: (q, k, v[..., :8]), ValueError, "key and value"),
+    (lambda q, k, v: (q, k.half(), v), TypeError, "one dtype"),
+    (lambda q, k, v: (q.int(), k.int(), v.int()), TypeError, "one dtype"),
+    (lambda q, k, v: (q[0], k, v), ValueError, "query must be"),
+    (lambda q, k, v: (q, k.numpy(), v), TypeError, "key must be a torch.Tensor"),
+])
+def test_bad_input(bad, err, match):
+    q, k, v = _case(1, 4, 2, 9, 16, torch.float32, seed=5)
+    with pytest.raises(err, match=match):
+        decode_attention(*bad(q, k, v))

@@ -1,0 +1,87 @@
+"""attn_implementation="quanta_cpu": transformers' own Llama, decode steps on quanta's kernel, the rest on SDPA."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from quanta.quantization import cpu_attention  # noqa: E402
+from quanta.quantization.cpu_attention import register  # noqa: E402
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    calls = []
+    real = cpu_attention.decode_attention
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_attention, "decode_attention", counting)
+    return calls
+
+
+def _llama(seed=0, **kw):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, vocab_size=120, **kw)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_register_is_idempotent_and_names_the_implementation():
+    assert register() == register() == "quanta_cpu"
+    model = _llama()
+    model.set_attn_implementation("quanta_cpu")
+    assert model.config._attn_implementation == "quanta_cpu"
+
+
+def test_greedy_generation_equals_sdpa_and_decode_steps_use_the_kernel(counted):
+    register()
+    model = _llama(attn_implementation="sdpa")
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        want = model.generate(prompt, max_new_tokens=8, do_sample=False)
+        logits_sdpa = model(want).logits
+        model.set_attn_implementation("quanta_cpu")
+        got = model.generate(prompt, max_new_tokens=8, do_sample=False)
+        logits = model(want).logits  # a prompt: SDPA's path, the same numbers
+    assert torch.equal(got, want)
+    assert torch.equal(logits, logits_sdpa)
+    assert len(counted) == 7 * 2  # 7 decode steps (the first new token comes from the prompt) x 2 layers
+    assert all(shape == (1, 8, 1, 8) for shape in counted)
+
+
+def test_decode_logits_close_to_sdpa_in_bfloat16(counted):
+    register()
+    model = _llama(seed=1, attn_implementation="sdpa").to(torch.bfloat16)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    cache = transformers.DynamicCache()
+    outs = {}
+    with torch.no_grad():
+        for name in ("sdpa", "quanta_cpu"):
+            model.set_attn_implementation(name)
+            cache = transformers.DynamicCache()
+            model(ids[:, :-1], cache=cache, use_cache=True)
+            outs[name] = model(ids[:, -1:], cache=cache, use_cache=True).logits.float()
+    assert len(counted) == 2  # the one decode step, 2 layers
+    assert torch.allclose(outs["quanta_cpu"], outs["sdpa"], atol=0.05, rtol=0.02)
+
+
+def test_padding_masks_and_gradients_fall_back_to_sdpa(counted):
+    register()
+    model = _llama(seed=2, attn_implementation="quanta_cpu")
+    prompt = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        got = model.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        model.set_attn_implementation("sdpa")
+        want = model.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    assert counted == []  # padded batch: every step has a mask
+    model.set_attn_implementation("quanta_cpu")
+    cache = transformers.DynamicCache()
+    with torch.no_grad():
+        model(prompt[1:, :4], cache=cache, use_cache=True)
+    out = model(prompt[1:, 4:], cache=cache, use_cache=True)  # gradients on: SDPA
+    assert out.logits.requires_grad and counted == []
