@@ -49,6 +49,38 @@ def test_large_scores_do_not_overflow():
     assert float((got.double() - _exact(q * 100, k * 100, v)).abs().max()) <= 1e-4
 
 
+@pytest.mark.parametrize("batch_mask", [True, False])
+def test_key_mask(batch_mask):
+    q, k, v = _case(2, 8, 2, 30, 32, torch.bfloat16, seed=6)
+    g = torch.Generator().manual_seed(7)
+    mask = torch.rand(2 if batch_mask else 1, 30, generator=g) > 0.4
+    mask[:, 3] = True
+    full = mask.expand(2, 30)
+    garbage_k, garbage_v = k.clone(), v.clone()  # masked slots may hold anything (a static cache's empty tail)
+    garbage_k[~full[:, None, :, None].expand_as(k)] = float("nan")
+    garbage_v[~full[:, None, :, None].expand_as(v)] = float("inf")
+    g_ = q.shape[1] // k.shape[1]
+    want = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(g_, 1),
+                                          v.double().repeat_interleave(g_, 1),
+                                          attn_mask=full[:, None, None, :]).transpose(1, 2)
+    for got in (decode_attention(q, garbage_k, garbage_v, mask=mask),
+                decode_attention_reference(q, garbage_k, garbage_v, mask=mask)):
+        assert float((got.double() - want).abs().max()) <= 2.0**-7 * float(v.abs().max())
+
+
+@pytest.mark.parametrize("mask,err,match", [
+    (torch.ones(2, 9), TypeError, "bool tensor"),
+    ([True] * 9, TypeError, "bool tensor"),
+    (torch.ones(1, 8, dtype=torch.bool), ValueError, r"\[batch or 1, 9\]"),
+    (torch.ones(3, 9, dtype=torch.bool), ValueError, r"\[batch or 1, 9\]"),
+    (torch.ones(1, 1, 1, 9, dtype=torch.bool), ValueError, r"\[batch or 1, 9\]"),
+])
+def test_bad_mask(mask, err, match):
+    q, k, v = _case(2, 4, 2, 9, 16, torch.float32, seed=8)
+    with pytest.raises(err, match=match):
+        decode_attention(q, k, v, mask=mask)
+
+
 @pytest.mark.skipif(native.ops() is None, reason=f"native kernels {native.status()}")
 def test_threads_do_not_change_the_bits():
     q, k, v = _case(3, 16, 4, 200, 64, torch.bfloat16, seed=3)

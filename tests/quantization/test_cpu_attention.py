@@ -68,20 +68,36 @@ def test_decode_logits_close_to_sdpa_in_bfloat16(counted):
     assert torch.allclose(outs["quanta_cpu"], outs["sdpa"], atol=0.05, rtol=0.02)
 
 
-def test_padding_masks_and_gradients_fall_back_to_sdpa(counted):
+def test_padded_batches_and_static_caches_decode_on_the_kernel(counted):
     register()
     model = _llama(seed=2, attn_implementation="quanta_cpu")
     prompt = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    runs = {}
     with torch.no_grad():
-        got = model.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
-        model.set_attn_implementation("sdpa")
-        want = model.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    assert torch.equal(got, want)
-    assert counted == []  # padded batch: every step has a mask
-    model.set_attn_implementation("quanta_cpu")
+        for name in ("quanta_cpu", "sdpa"):
+            model.set_attn_implementation(name)
+            runs[name] = [model.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False,
+                                         pad_token_id=0),
+                          model.generate(prompt[1:], max_new_tokens=4, do_sample=False, pad_token_id=0,
+                                         cache_implementation="static")]
+    assert all(torch.equal(a, b) for a, b in zip(runs["quanta_cpu"], runs["sdpa"]))
+    # 3 decode steps x 2 layers for each run: the padding mask and the static cache's empty slots, per key
+    assert len(counted) == 2 * 3 * 2
+
+
+def test_other_masks_and_gradients_fall_back_to_sdpa(counted):
+    register()
+    model = _llama(seed=3, attn_implementation="quanta_cpu")
+    q, k = torch.randn(1, 8, 1, 8), torch.randn(1, 2, 6, 8)
+    float_mask = torch.zeros(1, 1, 1, 6)
+    with torch.no_grad():
+        layer = model.model.layers[0].self_attn
+        out, _ = cpu_attention.quanta_cpu_attention(layer, q, k, k, float_mask, scaling=0.5)
+    assert out.shape == (1, 1, 8, 8) and counted == []  # an additive float mask: SDPA's
     cache = transformers.DynamicCache()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
-        model(prompt[1:, :4], cache=cache, use_cache=True)
-    out = model(prompt[1:, 4:], cache=cache, use_cache=True)  # gradients on: SDPA
+        model(ids[:, :4], cache=cache, use_cache=True)
+    out = model(ids[:, 4:], cache=cache, use_cache=True)  # gradients on: SDPA
     assert out.logits.requires_grad and counted == []

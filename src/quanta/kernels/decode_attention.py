@@ -5,8 +5,9 @@ attention: the ``Hq / Hkv`` query heads of a group read the group's keys and val
 
     out[b, 0, h] = softmax_t(scale * q[b, h, 0] . k[b, g, t]) @ v[b, g]
 
-in float32 (the softmax with its maximum subtracted), rounded once to the inputs' dtype. No mask: every
-cached key is attended (what decode with an unpadded cache needs); anything else belongs to
+in float32 (the softmax with its maximum subtracted), rounded once to the inputs' dtype. An optional
+boolean ``mask [B or 1, S]`` keeps the keys where it is True (padding, or the unfilled slots of a static
+cache); a row with no key left gives NaN. Other masks belong to
 ``torch.nn.functional.scaled_dot_product_attention``. The native kernel (``csrc/decode_attention.cpp``,
 built with quanta's integer-linear kernels) takes tens of microseconds where torch's SDPA takes
 0.2-0.5 ms for this shape on CPU; without the extension :func:`decode_attention_reference` runs.
@@ -57,30 +58,50 @@ def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         raise ValueError("decode_attention: query, key and value must be CPU tensors")
 
 
+def _check_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> None:
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"decode_attention: mask must be a bool tensor, got "
+                        f"{mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+    if mask.dim() != 2 or mask.shape[1] != key.shape[2] or mask.shape[0] not in (1, query.shape[0]):
+        raise ValueError(f"decode_attention: mask must be [batch or 1, {key.shape[2]}] (one flag per cached key), "
+                         f"got shape {tuple(mask.shape)}")
+
+
 def decode_attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                               scale: float | None = None) -> torch.Tensor:
+                               scale: float | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`decode_attention` in plain PyTorch (float32 matmuls over the grouped heads)."""
     _check(query, key, value)
+    _check_mask(mask, query, key)
     b, hq, _, d = query.shape
     hkv, s = key.shape[1], key.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q = query.float().reshape(b, hkv, hq // hkv, d)
     scores = (q @ key.float().transpose(-1, -2)) * scale                # [b, hkv, G, s]
-    out = torch.softmax(scores, dim=-1) @ value.float()                  # [b, hkv, G, d]
+    v = value.float()
+    if mask is not None:  # masked keys and values are never read (a static cache's empty slots may hold anything)
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        v = v.masked_fill(~mask[:, None, :, None], 0.0)
+    out = torch.softmax(scores, dim=-1) @ v                              # [b, hkv, G, d]
     return out.reshape(b, 1, hq, d).to(query.dtype)
 
 
-def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     scale: float | None = None) -> torch.Tensor:
+def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
     """``softmax(scale * q k^T) v`` for one query token: ``query [B, Hq, 1, D]``, ``key``/``value [B, Hkv, S, D]``
-    (``Hq`` a multiple of ``Hkv``; any strides but a contiguous head dimension), ``scale`` default ``1/sqrt(D)``.
+    (``Hq`` a multiple of ``Hkv``; any strides but a contiguous head dimension), ``scale`` default ``1/sqrt(D)``,
+    ``mask`` an optional bool ``[B or 1, S]`` (True: attend to that key).
 
     Returns ``[B, 1, Hq, D]`` in the inputs' dtype. Inference only (no gradient).
     """
     _check(query, key, value)
+    _check_mask(mask, query, key)
     scale = 1.0 / math.sqrt(query.shape[3]) if scale is None else float(scale)
     lib = _native.ops()
     if lib is None:
-        return decode_attention_reference(query, key, value, scale)
+        return decode_attention_reference(query, key, value, scale, mask)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
-    return lib.decode_attention(q, k, v, scale)
+    if mask is not None and mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    return lib.decode_attention(q, k, v, scale, mask)

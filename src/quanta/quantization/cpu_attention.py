@@ -3,11 +3,12 @@
 transformers' default CPU attention (``scaled_dot_product_attention``) takes 0.2-0.5 ms per layer for the one
 query token of a decode step (measured on a 2-core Zen 4 with a Llama of 32/4 heads and ~150 cached tokens),
 about as long as the layer's int4 weights take to stream. :func:`register` adds ``"quanta_cpu"`` to
-transformers' attention implementations: a decode step without a mask (one new token, an unpadded cache) runs
+transformers' attention implementations: a decode step (one new token; no mask, or SDPA's boolean mask, which
+for one token is a flag per cached key: padding, a static cache's empty slots, a sliding window) runs
 :func:`quanta.kernels.decode_attention.decode_attention` (float32 inside, tens of microseconds); everything else
-(prompts, padding or sliding-window masks, dropout, attention sinks, ``output_attentions``, calls with gradients
-enabled) goes to transformers' own SDPA path unchanged, and so do its masks (the SDPA mask builder is registered
-under the same name).
+(prompts, other masks, dropout, attention sinks, ``output_attentions``, calls with gradients enabled) goes to
+transformers' own SDPA path unchanged, and so do its masks (the SDPA mask builder is registered under the same
+name).
 
 Needs transformers 5 (its attention and mask interfaces); quanta itself does not import this module.
 
@@ -49,9 +50,20 @@ ATTENTION_NAME = "quanta_cpu"
 _UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
 
 
-def _is_plain_decode(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
-    return (attention_mask is None and query.shape[2] == 1 and query.device.type == "cpu"
+def _key_mask(attention_mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+    """The SDPA mask of a one-token query as one flag per key (``[B or 1, S]``), or ``...`` if it is not one."""
+    if attention_mask is None:
+        return None
+    if (isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool and attention_mask.dim() == 4
+            and attention_mask.shape[1:3] == (1, 1) and attention_mask.shape[3] == key.shape[2]
+            and attention_mask.shape[0] in (1, query.shape[0])):
+        return attention_mask[:, 0, 0, :]
+    return ...  # a float, per-head or otherwise shaped mask: SDPA's
+
+
+def _is_plain_decode(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, dropout: float,
+                     kwargs: dict) -> bool:
+    return (query.shape[2] == 1 and query.device.type == "cpu"
             and not (dropout and module.training) and not kwargs.get("output_attentions", False)
             and all(kwargs.get(k) is None for k in _UNSUPPORTED)
             and query.dtype == key.dtype and query.shape[1] % key.shape[1] == 0
@@ -62,10 +74,12 @@ def quanta_cpu_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                          **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: ``query [B, Hq, T, D]``, ``key``/``value [B, Hkv, S, D]``;
-    returns ``([B, T, Hq, D], None)``. Plain decode steps (see the module docstring) run quanta's kernel, every
-    other call ``transformers.integrations.sdpa_attention.sdpa_attention_forward`` with the same arguments."""
-    if _is_plain_decode(module, query, key, attention_mask, dropout, kwargs):
-        return decode_attention(query, key, value, scaling), None
+    returns ``([B, T, Hq, D], None)``. Decode steps (see the module docstring) run quanta's kernel, every other
+    call ``transformers.integrations.sdpa_attention.sdpa_attention_forward`` with the same arguments."""
+    if _is_plain_decode(module, query, key, dropout, kwargs):
+        mask = _key_mask(attention_mask, query, key)
+        if mask is not ...:
+            return decode_attention(query, key, value, scaling, mask), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   **kwargs)
 
