@@ -50,15 +50,17 @@ ATTENTION_NAME = "quanta_cpu"
 _UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
 
 
-def _key_mask(attention_mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
-    """The SDPA mask of a one-token query as one flag per key (``[B or 1, S]``), or ``...`` if it is not one."""
+def _key_mask(attention_mask: torch.Tensor | None, query: torch.Tensor,
+              key: torch.Tensor) -> tuple[bool, torch.Tensor | None]:
+    """(True, a flag per key ``[B or 1, S]`` or None) for no mask or SDPA's boolean mask of a one-token query;
+    (False, None) for any other mask (float, per head, ...), which stays SDPA's."""
     if attention_mask is None:
-        return None
+        return True, None
     if (isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool and attention_mask.dim() == 4
             and attention_mask.shape[1:3] == (1, 1) and attention_mask.shape[3] == key.shape[2]
             and attention_mask.shape[0] in (1, query.shape[0])):
-        return attention_mask[:, 0, 0, :]
-    return ...  # a float, per-head or otherwise shaped mask: SDPA's
+        return True, attention_mask[:, 0, 0, :]
+    return False, None
 
 
 def _is_plain_decode(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, dropout: float,
@@ -77,8 +79,8 @@ def quanta_cpu_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     returns ``([B, T, Hq, D], None)``. Decode steps (see the module docstring) run quanta's kernel, every other
     call ``transformers.integrations.sdpa_attention.sdpa_attention_forward`` with the same arguments."""
     if _is_plain_decode(module, query, key, dropout, kwargs):
-        mask = _key_mask(attention_mask, query, key)
-        if mask is not ...:
+        ours, mask = _key_mask(attention_mask, query, key)
+        if ours:
             return decode_attention(query, key, value, scaling, mask), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   **kwargs)

@@ -1341,16 +1341,15 @@ void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& 
   const Bf16Rows xb = bf16_rows(x, Kp);
   std::vector<float> X(static_cast<size_t>(M * src.ngroups));
   group_sums_bf16(src, xb, M, Kp, X.data());
-  const int64_t kcb = kKcBf16;
   parallel_tiles((N + kPanel - 1) / kPanel, [&](int64_t t) {
     const int64_t n0 = t * kPanel, nrows = std::min(N, n0 + kPanel) - n0;
     thread_local AlignedFloats bp, cbuf, sbuf;
-    bp.reserve(static_cast<size_t>(kcb / 2 * kPanel));
+    bp.reserve(static_cast<size_t>(kKcBf16 / 2 * kPanel));
     cbuf.zero(static_cast<size_t>(M * kPanel));
-    sbuf.reserve(static_cast<size_t>(kcb / src.group * kPanel));
+    sbuf.reserve(static_cast<size_t>(kKcBf16 / src.group * kPanel));
     uint32_t* Bp = reinterpret_cast<uint32_t*>(bp.data());
-    for (int64_t k0 = 0; k0 < Kp; k0 += kcb) {
-      const int64_t kc = std::min(kcb, Kp - k0);
+    for (int64_t k0 = 0; k0 < Kp; k0 += kKcBf16) {
+      const int64_t kc = std::min(kKcBf16, Kp - k0);
       pack_pairs(src, n0, nrows, k0, kc, Bp);
       // the block's groups' scales (kKcBf16 holds whole groups: group_size <= 256 on this path)
       const int64_t ng = (kc + src.group - 1) / src.group;
