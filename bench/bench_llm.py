@@ -23,7 +23,8 @@ Measured in one run, rounds interleaved across all variants (medians over rounds
 
 ``--attn quanta_cpu`` runs every torch variant (bf16 too) with quanta's decode attention
 (:mod:`quanta.quantization.cpu_attention`) instead of transformers' SDPA; ``--attn eager``
-with transformers' eager attention.
+with transformers' eager attention. ``--cache static`` gives every torch variant transformers'
+preallocated ``StaticCache`` instead of the ``DynamicCache`` that grows by concatenation.
 
 Not a test: nothing asserts on time. Threads: 2 for everyone (``--threads``).
 ``OMP_WAIT_POLICY`` is set to ``passive`` unless the environment sets it (for this
@@ -34,7 +35,7 @@ descheduled thread (a 2-layer model decoded 13x slower with 2 threads than with
 torch's default.
 
     python bench/bench_llm.py [--rounds 3] [--decode-tokens 32] [--llama-python /path/to/python]
-                              [--attn sdpa|eager|quanta_cpu]
+                              [--attn sdpa|eager|quanta_cpu] [--cache dynamic|static]
 """
 
 from __future__ import annotations
@@ -195,24 +196,33 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
-def _measure(torch, model, prompts, decode_tokens: int, gen) -> dict:
-    from transformers import DynamicCache
+def _new_cache(model, kind: str, tokens: int):
+    """transformers' ``DynamicCache`` (grows by concatenation) or ``StaticCache`` (preallocated for ``tokens``)."""
+    from transformers import DynamicCache, StaticCache
 
+    return DynamicCache() if kind == "dynamic" else StaticCache(config=model.config, max_cache_len=tokens)
+
+
+def _measure(torch, model, prompts, decode_tokens: int, gen, cache_kind: str = "dynamic") -> dict:
     kw = _cache_kw(model)
     res = {}
     with torch.inference_mode():
         for n in prompts:
             ids = torch.randint(3, CONFIG["vocab_size"], (1, n), generator=gen)
+            cache = _new_cache(model, cache_kind, n)
             t0 = time.perf_counter()
-            model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: DynamicCache()})
+            model(input_ids=ids, use_cache=True, logits_to_keep=1, cache_position=torch.arange(n), **{kw: cache})
             res[f"prefill{n}"] = n / (time.perf_counter() - t0)
         ids = torch.randint(3, CONFIG["vocab_size"], (1, DECODE_CONTEXT), generator=gen)
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: DynamicCache()})
-        cache, tok = getattr(out, kw), out.logits[:, -1].argmax(-1, keepdim=True)
+        cache = _new_cache(model, cache_kind, DECODE_CONTEXT + decode_tokens)
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, cache_position=torch.arange(DECODE_CONTEXT),
+                    **{kw: cache})
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
         t0 = time.perf_counter()
-        for _ in range(decode_tokens):
-            out = model(input_ids=tok, use_cache=True, **{kw: cache})
-            cache, tok = getattr(out, kw), out.logits[:, -1].argmax(-1, keepdim=True)
+        for i in range(decode_tokens):
+            out = model(input_ids=tok, use_cache=True, cache_position=torch.tensor([DECODE_CONTEXT + i]),
+                        **{kw: cache})
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
         res["decode"] = decode_tokens / (time.perf_counter() - t0)
     return res
 
@@ -296,6 +306,8 @@ def main() -> None:
     ap.add_argument("--omp-wait-policy", default=os.environ.get("OMP_WAIT_POLICY", "passive"))
     ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager", "quanta_cpu"),
                     help="transformers' attention implementation for every torch variant, bf16 included")
+    ap.add_argument("--cache", default="dynamic", choices=("dynamic", "static"),
+                    help="transformers' KV cache for every torch variant: DynamicCache or StaticCache")
     args = ap.parse_args()
     if args.llama_worker:
         return _llama_worker(args)
@@ -319,13 +331,13 @@ def main() -> None:
     bw = _bandwidth(torch, args.threads)
     gen = torch.Generator().manual_seed(1)
     for _, m in variants:  # warm-up: first calls build caches
-        _measure(torch, m, (16,), 2, gen)
+        _measure(torch, m, (16,), 2, gen, args.cache)
     rows: dict[str, list[dict]] = {name: [] for name, _ in variants}
     llama_rows: dict[str, list[dict]] = {}
     for r in range(args.rounds):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for name, m in order:
-            rows[name].append(_measure(torch, m, PROMPTS, args.decode_tokens, gen))
+            rows[name].append(_measure(torch, m, PROMPTS, args.decode_tokens, gen, args.cache))
         if llama is not None:
             llama.stdin.write(json.dumps({"prompts": list(PROMPTS), "context": DECODE_CONTEXT,
                                           "decode": args.decode_tokens}) + "\n")
@@ -343,7 +355,8 @@ def main() -> None:
 
     bf16_decode = med(rows["bf16"], "decode")
     print(f"\ntorch {torch.__version__}, {args.threads} threads, quanta kernels {int_linear_native.status()} "
-          f"({int_linear_native.isa()}), attention {args.attn}, OMP_WAIT_POLICY={args.omp_wait_policy}; "
+          f"({int_linear_native.isa()}), attention {args.attn}, {args.cache} cache, "
+          f"OMP_WAIT_POLICY={args.omp_wait_policy}; "
           f"read bandwidth {bw / 1e9:.1f} GB/s; load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; medians of {args.rounds} interleaved rounds; decode "
           f"after a {DECODE_CONTEXT}-token prompt, {args.decode_tokens} tokens")

@@ -75,7 +75,7 @@ def decode_attention_reference(query: torch.Tensor, key: torch.Tensor, value: to
     _check(query, key, value)
     _check_mask(mask, query, key)
     b, hq, _, d = query.shape
-    hkv, s = key.shape[1], key.shape[2]
+    hkv = key.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     q = query.float().reshape(b, hkv, hq // hkv, d)
     scores = (q @ key.float().transpose(-1, -2)) * scale                # [b, hkv, G, s]
