@@ -82,16 +82,9 @@ def test_bad_mask(mask, err, match):
 
 
 @pytest.mark.skipif(native.ops() is None, reason=f"native kernels {native.status()}")
-def test_threads_do_not_change_the_bits():
+def test_threads_do_not_change_the_bits(at_thread_counts):
     q, k, v = _case(3, 16, 4, 200, 64, torch.bfloat16, seed=3)
-    threads = torch.get_num_threads()
-    try:
-        outs = []
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            outs.append(decode_attention(q, k, v))
-    finally:
-        torch.set_num_threads(threads)
+    outs = at_thread_counts(lambda: decode_attention(q, k, v), (1, 2, 3))
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 

@@ -179,7 +179,7 @@ def test_int8_bf16_path_within_bound(m, n, k):
 
 
 @_BF16
-def test_bf16_paths_rows_do_not_depend_on_threads_or_the_other_rows():
+def test_bf16_paths_rows_do_not_depend_on_threads_or_the_other_rows(at_thread_counts):
     g = _gen(11)
     n, k = 70, 300
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
@@ -189,7 +189,7 @@ def test_bf16_paths_rows_do_not_depend_on_threads_or_the_other_rows():
     calls = {"int8": lambda a: int8_weight_only_linear(a, qw, s),
              "int4": lambda a: int4_cpu_linear(a, packed, sz, 32, n)}
     for name, f in calls.items():
-        one, *more = _at_thread_counts(lambda: (f(x), f(x[:3])), (1, 2, 3))
+        one, *more = at_thread_counts(lambda: (f(x), f(x[:3])), (1, 2, 3))
         for other in more:
             assert torch.equal(one[0], other[0]) and torch.equal(one[1], other[1]), name
         assert torch.equal(f(x[10:30]), one[0][10:30]), name
@@ -197,20 +197,7 @@ def test_bf16_paths_rows_do_not_depend_on_threads_or_the_other_rows():
         assert torch.equal(f(x[1:2]), one[1][1:2]), name  # decode rows
 
 
-def _at_thread_counts(fn, counts):
-    """``fn()`` run with each of torch's intra-op thread counts in ``counts`` (3 on 2 cores: threads steal runs)."""
-    threads = torch.get_num_threads()
-    try:
-        out = []
-        for c in counts:
-            torch.set_num_threads(c)
-            out.append(fn())
-        return out
-    finally:
-        torch.set_num_threads(threads)
-
-
-def test_decode_rows_do_not_depend_on_threads():
+def test_decode_rows_do_not_depend_on_threads(at_thread_counts):
     g = _gen(8)
     n, k = 333, 200  # 21 tiles of 16 rows: runs of 10 and 11 (2 threads), 7 each (3)
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
@@ -219,26 +206,19 @@ def test_decode_rows_do_not_depend_on_threads():
     x = torch.randn(3, k, generator=g)
     for isa in _EXACT_ISAS:
         with native.force_isa(isa):
-            one, *more = _at_thread_counts(lambda: (int8_weight_only_linear(x, qw, s),
+            one, *more = at_thread_counts(lambda: (int8_weight_only_linear(x, qw, s),
                                                     int4_cpu_linear(x, packed, sz, 64, n)), (1, 2, 3, 8))
         for other in more:
             assert torch.equal(one[0], other[0]) and torch.equal(one[1], other[1]), isa
 
 
-def test_the_rows_of_one_call_do_not_depend_on_threads_or_the_other_rows():
+def test_the_rows_of_one_call_do_not_depend_on_threads_or_the_other_rows(at_thread_counts):
     g = _gen(7)
     n, k = 200, 333
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
     qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g))
     x = torch.randn(40, k, generator=g)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = int8_weight_only_linear(x, qw, s)
-        torch.set_num_threads(2)
-        two = int8_weight_only_linear(x, qw, s)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = at_thread_counts(lambda: int8_weight_only_linear(x, qw, s), (1, 2))
     assert torch.equal(one, two)
     # a row's result is the same whichever rows share its call, within one path (GEMM: >= 8 rows)
     assert torch.equal(int8_weight_only_linear(x[10:30], qw, s), one[10:30])
