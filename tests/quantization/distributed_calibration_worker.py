@@ -75,5 +75,9 @@ def run(rank: int, world: int, init_file: str, out_dir: str) -> None:
             idle.update_stats(shards(0, world)[0])
         results["idle_rank"] = idle.compute_encodings(15, False)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        # both ranks reach this point before either tears its gloo pairs down: a rank that
+        # destroys its group while the peer is still closing its side can abort in gloo's
+        # C++ threads ("terminate called without an active exception", seen once in CI)
+        dist.barrier()
     finally:
         dist.destroy_process_group()

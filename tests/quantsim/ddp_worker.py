@@ -114,5 +114,6 @@ def run(rank: int, world: int, init_file: str, out_dir: str) -> None:
         _train_step(control.model, opt, rank, 0)
         result["params_without_ddp"] = parameters(control.model)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears its gloo pairs down while the other is still using them
     finally:
         dist.destroy_process_group()
