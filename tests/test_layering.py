@@ -21,7 +21,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: Bottom up; a subpackage (or top-level module) imports only from its own subpackage and from the layers above it
 #: in this list. The numbered layers are DESIGN.md's; the lettered ones split a layer into ordered parts.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("0 helpers (no quanta imports)", ("quanta._text", "quanta._files", "quanta._inputs", "quanta._snapshot")),
+    ("0 helpers (no quanta imports)", ("quanta._text", "quanta._files", "quanta._inputs", "quanta._snapshot",
+                                     "quanta._progress")),
     ("1 grids and formats", ("quanta.grids",)),
     ("2 kernels", ("quanta.kernels",)),
     ("3 encodings", ("quanta.encodings",)),

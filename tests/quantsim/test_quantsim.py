@@ -31,7 +31,7 @@ from quanta.quantization.base import QuantizerBase
 from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.quantsim import DataType, QuantizationSimModel, QuantScheme, QuantSimConfig
 from quanta.quantsim.config import BUILTIN_DEFAULT
-from quanta.quantsim.progress import progress_bar
+from quanta._progress import progress_bar
 from quantsim_models import SmallCNN, TransformerBlock, make_cnn_data, make_seq_data, sqnr_db
 
 

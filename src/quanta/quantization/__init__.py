@@ -36,6 +36,8 @@ __all__ = [
     "IntxWeightOnlyConfig",
     "FPXWeightOnlyConfig",
     "ModuleFqnToConfig",
+    "GPTQConfig",
+    "quantize_sequential",
     "PerTensor",
     "PerAxis",
     "PerRow",
@@ -47,7 +49,8 @@ __all__ = [
 # quant_primitives: load them on first use so that either package can be imported first.
 _QUANT_API = {"quantize_", "QuantizeReport", "AOBaseConfig", "Int8WeightOnlyConfig", "Int4WeightOnlyConfig",
               "Int8DynamicActivationInt8WeightConfig", "Float8WeightOnlyConfig", "IntxWeightOnlyConfig",
-              "FPXWeightOnlyConfig", "ModuleFqnToConfig"}
+              "FPXWeightOnlyConfig", "ModuleFqnToConfig", "CalibrationConfig"}
+_CALIBRATED = {"GPTQConfig": "gptq", "quantize_sequential": "sequential"}
 
 
 def __getattr__(name: str):
@@ -55,4 +58,8 @@ def __getattr__(name: str):
         from quanta.quantization import quant_api
 
         return getattr(quant_api, name)
+    if name in _CALIBRATED:
+        import importlib
+
+        return getattr(importlib.import_module(f"quanta.quantization.{_CALIBRATED[name]}"), name)
     raise AttributeError(f"module 'quanta.quantization' has no attribute {name!r}")

@@ -34,6 +34,7 @@ listed in the returned :class:`QuantizeReport` and in a warning
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -67,6 +68,7 @@ __all__ = [
     "IntxWeightOnlyConfig",
     "FPXWeightOnlyConfig",
     "ModuleFqnToConfig",
+    "CalibrationConfig",
     "LayerNotQuantizable",
 ]
 
@@ -273,15 +275,52 @@ class ModuleFqnToConfig(AOBaseConfig):
                 raise TypeError(f"module_fqn_to_config[{name!r}] must be a config or None, got {cfg!r}")
 
 
+class CalibrationConfig(AOBaseConfig):
+    """A config that needs calibration data (GPTQ, AWQ, SmoothQuant): ``quantize_`` runs it in two steps.
+
+    The first step (``step="observe"``/``"prepare"``) attaches observers to the
+    selected modules and changes no weight; the user then runs calibration data
+    through the model; the second (``step="convert"``) quantizes from what the
+    observers saw and removes them. Subclasses implement :meth:`apply`.
+    """
+
+    def apply(self, selected: list[tuple[str, nn.Module]], report: "QuantizeReport") -> list[Callable[[], None]]:
+        """Plan this config's step on ``selected`` ``(fqn, module)`` pairs, filling ``report``.
+
+        Returns the changes to make (attach an observer, install a weight...), run
+        by ``quantize_`` only once every layer has been planned, so that
+        ``strict=True`` can refuse before anything changes.
+        """
+        raise NotImplementedError
+
+    def quantize_weight(self, weight: torch.Tensor, module: nn.Module) -> torch.Tensor:
+        raise TypeError(f"{type(self).__name__} quantizes from calibration data: use quantize_(model, config) "
+                        "in its two steps")
+
+
 @dataclass
 class QuantizeReport:
-    """What ``quantize_`` did: ``quantized`` module names, and ``skipped`` names with the reason."""
+    """What ``quantize_`` did.
+
+    ``quantized``: module names whose weight is now quantized; ``skipped``: names kept in float, with the
+    reason; ``observed``: names given observers by a calibration config's first step; ``output_mse``: for
+    calibration configs, ``(round_to_nearest, algorithm)`` output MSE of each layer on its calibration
+    inputs; ``notes``: what an algorithm adjusted on a layer (damping raised, dead inputs, ...).
+    """
 
     quantized: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    observed: list[str] = field(default_factory=list)
+    output_mse: dict[str, tuple[float, float]] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        lines = [f"quantized {len(self.quantized)} layer(s)"]
+        lines = [f"observed {len(self.observed)} layer(s)"] if self.observed else []
+        lines += [f"quantized {len(self.quantized)} layer(s)"]
+        for name, (rtn, algo) in self.output_mse.items():
+            gain = f"{10 * math.log10(rtn / algo):+.1f} dB" if rtn > 0 and algo > 0 else "n/a"
+            lines.append(f"  {name}: output MSE {algo:.4g} (round-to-nearest {rtn:.4g}, {gain})")
+        lines += [f"  {name}: {note}" for name, ns in self.notes.items() for note in ns]
         lines += [f"kept in float: {name or '<root>'}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
 
@@ -310,6 +349,8 @@ def quantize_(model: nn.Module, config: AOBaseConfig, filter_fn: Optional[Callab
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(config, AOBaseConfig):
         raise TypeError(f"config must be a quanta.quantization config (e.g. Int8WeightOnlyConfig()), got {config!r}")
+    if isinstance(config, CalibrationConfig):
+        return _quantize_calibrated(model, config, filter_fn, device, strict)
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable (module, fqn) -> bool, got {filter_fn!r}")
     select = filter_fn or _is_linear
@@ -351,11 +392,37 @@ def quantize_(model: nn.Module, config: AOBaseConfig, filter_fn: Optional[Callab
             report.quantized.append(fqn)
         except LayerNotQuantizable as e:
             report.skipped[fqn] = str(e)
-    if report.skipped:
-        if strict:
-            raise ValueError(f"quantize_ with {config.describe()} cannot quantize every selected layer:\n{report}")
-        warnings.warn(f"quantize_ with {config.describe()}: {len(report.skipped)} selected layer(s) kept in float: "
-                      + "; ".join(f"{n or '<root>'} ({why})" for n, why in report.skipped.items()), stacklevel=2)
+    _warn_skipped(config, report, strict)
+    _install(plan)
+    return report
+
+
+def _install(plan: list[tuple[nn.Module, torch.Tensor]]) -> None:
     for module, qweight in plan:
         module.weight = nn.Parameter(qweight, requires_grad=False)
+
+
+def _warn_skipped(config: AOBaseConfig, report: QuantizeReport, strict: bool, stacklevel: int = 3) -> None:
+    if not report.skipped:
+        return
+    if strict:
+        raise ValueError(f"quantize_ with {config.describe()} cannot quantize every selected layer:\n{report}")
+    warnings.warn(f"quantize_ with {config.describe()}: {len(report.skipped)} selected layer(s) kept in float: "
+                  + "; ".join(f"{n or '<root>'} ({why})" for n, why in report.skipped.items()), stacklevel=stacklevel)
+
+
+def _quantize_calibrated(model: nn.Module, config: CalibrationConfig, filter_fn, device, strict: bool
+                         ) -> QuantizeReport:
+    select = filter_fn or _is_linear
+    selected = []
+    for fqn, module in model.named_modules():
+        if select(module, fqn):
+            if device is not None:
+                module.to(device)
+            selected.append((fqn, module))
+    report = QuantizeReport()
+    changes = config.apply(selected, report)
+    _warn_skipped(config, report, strict, stacklevel=4)
+    for change in changes:
+        change()
     return report

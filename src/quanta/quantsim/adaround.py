@@ -79,7 +79,7 @@ from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.affine.quantizer import AffineQuantizerBase
 from quanta.quantsim import construction
 from quanta.quantsim.layer_data import LayerData, LayerWalker, default_forward, model_inputs, run_order
-from quanta.quantsim.progress import make_bar
+from quanta._progress import make_bar
 from quanta.quantsim.quantsim import QuantizationSimModel, _deepcopy
 from quanta.quantsim.scheme import QuantScheme
 

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from quanta.quantsim.progress import make_bar
+from quanta._progress import make_bar
 
 __all__ = ["DEFAULT_NUM_BATCHES", "Handle", "reestimate_bn_stats"]
 

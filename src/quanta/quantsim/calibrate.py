@@ -33,7 +33,7 @@ from quanta.nn import QuantizationMixin
 from quanta.nn.base import eval_mode
 from quanta.quantization.base import QuantizerBase
 from quanta.quantsim.capture import flat_inputs
-from quanta.quantsim.progress import make_bar, progress_bar
+from quanta._progress import make_bar, progress_bar
 
 __all__ = ["NO_ARGS", "compute_encodings", "compute_encodings_sequential", "run_node"]
 

@@ -92,7 +92,7 @@ from quanta.quantization.float import FloatQuantizeDequantize
 from quanta.quantsim import charts, construction
 from quanta.quantsim.callbacks import CallbackFunc, check_callback, evaluate_score
 from quanta.quantsim.config import DataType, op_types_of
-from quanta.quantsim.progress import make_bar
+from quanta._progress import make_bar
 from quanta.quantsim.quantsim import QuantizationSimModel
 
 __all__ = ["AMPSearchAlgo", "CallbackFunc", "EvalCallbackFactory", "FLOATING_POINT_MULTIPLIER", "QuantizerGroup",

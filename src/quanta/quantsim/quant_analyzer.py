@@ -71,7 +71,7 @@ from quanta.quantization.base import QuantizerBase
 from quanta.quantsim import charts
 from quanta.quantsim.callbacks import CallbackFunc, check_callback, evaluate_score
 from quanta.quantsim.config import op_types_of
-from quanta.quantsim.progress import make_bar
+from quanta._progress import make_bar
 from quanta.quantsim.quantsim import QuantizationSimModel, _check_bw
 from quanta.quantsim.report import measure_layer_errors
 from quanta.quantsim.scheme import QuantScheme

@@ -61,7 +61,7 @@ from quanta.nn.base import eval_mode, quantizers_off
 from quanta.nn.functional import TransposedLinear
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantsim.layer_data import LayerData, LayerWalker, model_inputs, run_order
-from quanta.quantsim.progress import make_bar
+from quanta._progress import make_bar
 from quanta.quantsim.quantsim import QuantizationSimModel
 
 __all__ = ["SUPPORTED_MODULES", "SUPPORTED_PARAM_BW", "SeqMseLayerResult", "SeqMseParams", "SeqMseReport",

@@ -157,7 +157,7 @@ def bench_model(model_path: str | os.PathLike, data_path: str | os.PathLike, cfg
     """Measure every scheme on the model in ``model_path`` (see the module docstring)."""
     from quanta.quantization import quantize_
     from quanta.quantsim import QuantizationSimModel
-    from quanta.quantsim.progress import make_bar
+    from quanta._progress import make_bar
     from quanta.tools.quantize_model import (
         load_quantsim_config,
         prepare_model_and_batches,

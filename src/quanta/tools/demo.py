@@ -142,7 +142,7 @@ def _schemes() -> list[_Scheme]:
 def run_demo(cfg: DemoConfig = DemoConfig(), *, log: Callable[[str], None] = print) -> list[DemoRow]:
     """Run the demo and return its rows (the CLI prints them with :func:`format_table`)."""
     from quanta.quantsim import QuantizationSimModel
-    from quanta.quantsim.progress import make_bar
+    from quanta._progress import make_bar
 
     torch.manual_seed(cfg.seed)
     x_train, y_train, x_test, y_test = load_digits_data(cfg.seed)

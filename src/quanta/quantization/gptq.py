@@ -1,0 +1,337 @@
+"""GPTQ (Frantar et al. 2023, "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
+Transformers"): quantize a Linear weight column by column, spreading each column's rounding error over the
+columns not yet quantized so that the layer's *output* on calibration data moves least.
+
+For a weight ``W [N, K]`` and inputs ``X [K, T]`` it minimises ``||W X - Q(W) X||^2`` one column at a
+time with the Hessian of that loss, ``H = 2 X X^T / T``::
+
+    H += damp * mean(diag(H)) * I                      (percdamp: keeps H invertible)
+    U = cholesky(H^-1)^T                               (upper: row i holds what column i's error moves)
+    for each column i (in blocks of B, the updates to later blocks applied once per block):
+        q_i = Q(w_i)                                   (on the base config's grid, qparams fixed)
+        e_i = (w_i - q_i) / U[i, i]
+        w_j -= e_i * U[i, j]   for every j > i
+
+Group-wise configs fit each group's qparams when GPTQ reaches the group, on the
+columns as the earlier errors have moved them ("the scales follow the update");
+with ``act_order=True`` the columns go in decreasing ``diag(H)`` and every group
+keeps the qparams of the original weight (static groups), so that the stored
+tensor keeps its groups contiguous. Per-row configs take their qparams from the
+original weight. A column that never saw a non-zero input (``diag(H) = 0``) is
+set to zero, as in the paper's code.
+
+Two steps through ``quantize_``, as torchao's ``GPTQConfig``:
+
+>>> import torch
+>>> from torch import nn
+>>> from quanta.quantization import quantize_, GPTQConfig, Int4WeightOnlyConfig
+>>> _ = torch.manual_seed(0)
+>>> model = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 32))
+>>> base = Int4WeightOnlyConfig(group_size=32)
+>>> report = quantize_(model, GPTQConfig(step="observe", base_config=base))
+>>> report.observed
+['0', '2']
+>>> for _ in range(4):
+...     _ = model(torch.randn(64, 128))
+>>> report = quantize_(model, GPTQConfig(step="convert", base_config=base))
+>>> report.quantized, type(model[0].weight).__name__
+(['0', '2'], 'AffineQuantizedTensor')
+
+Blocks of a model one after another, each calibrated on the outputs of the
+blocks already quantized: :func:`quanta.quantization.quantize_sequential`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from quanta.quantization.quant_api import (
+    AOBaseConfig,
+    CalibrationConfig,
+    Int4WeightOnlyConfig,
+    LayerNotQuantizable,
+    ModuleFqnToConfig,
+    QuantizeReport,
+)
+from quanta.quantization.weight_grid import WeightGrid
+
+__all__ = ["GPTQConfig", "HessianObserver", "GPTQResult", "gptq_quantize", "output_mse"]
+
+
+class HessianObserver:
+    """Accumulates ``H = 2 X X^T / T`` over every input row ``x`` (``[..., K]``) a Linear layer sees.
+
+    Sums in float32 (float64 if the inputs are float64); ``hessian()`` divides
+    by the count at the end, so the order of the batches does not matter beyond
+    float rounding.
+
+    >>> obs = HessianObserver(3)
+    >>> obs.update(torch.tensor([[1.0, 0.0, 2.0]]))
+    >>> obs.hessian()
+    tensor([[2., 0., 4.],
+            [0., 0., 0.],
+            [4., 0., 8.]])
+    """
+
+    def __init__(self, in_features: int) -> None:
+        self.in_features = in_features
+        self.sum = torch.zeros(in_features, in_features)
+        self.count = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input has {x.shape[-1]} features, the layer takes {self.in_features}")
+        rows = x.detach().reshape(-1, self.in_features)
+        rows = rows.double() if rows.dtype == torch.float64 else rows.float()
+        if self.sum.dtype != rows.dtype:
+            self.sum = self.sum.to(rows.dtype)
+        self.sum.addmm_(rows.t(), rows)
+        self.count += rows.shape[0]
+
+    def hessian(self) -> torch.Tensor:
+        if self.count == 0:
+            raise ValueError("no input observed")
+        return self.sum * (2.0 / self.count)
+
+
+def output_mse(delta: torch.Tensor, hessian: torch.Tensor) -> float:
+    """Mean squared output error ``mean((delta @ x)^2)`` over the observed inputs, from ``H = 2 X X^T / T``.
+
+    ``delta`` is the weight change ``[N, K]``: ``sum((delta H) * delta) / (2 N)``, exact on the calibration
+    inputs without keeping them.
+    """
+    d = delta.to(hessian.dtype)
+    return float(((d @ hessian) * d).sum() / (2 * d.shape[0]))
+
+
+@dataclass
+class GPTQResult:
+    """``tensor``: the quantized weight; ``mse``/``rtn_mse``: output MSE on the calibration inputs with GPTQ
+    and with round-to-nearest on the same base config; ``damping``: the ``percdamp`` finally used."""
+
+    tensor: torch.Tensor
+    mse: float
+    rtn_mse: float
+    damping: float
+    notes: list[str] = field(default_factory=list)
+
+
+def _inverse_cholesky(h: torch.Tensor, percdamp: float) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor of ``(H + damp I)^-1``; the damping grows 10x (up to 3 times) until H is positive."""
+    mean_diag = float(h.diagonal().mean())
+    damp = percdamp
+    eye = torch.eye(h.shape[0], dtype=h.dtype)
+    for _ in range(4):
+        l, info = torch.linalg.cholesky_ex(h + damp * mean_diag * eye)
+        if int(info) == 0:
+            inv = torch.cholesky_inverse(l)
+            u, info = torch.linalg.cholesky_ex(inv, upper=True)
+            if int(info) == 0:
+                return u, damp
+        damp *= 10
+    raise ValueError(f"the Hessian is not positive definite even with percdamp={damp / 10:g}; the calibration "
+                     "inputs may contain NaN/inf or be degenerate")
+
+
+def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, grid: WeightGrid, *, percdamp: float = 0.01,
+                  block_size: int = 128, act_order: bool = False) -> GPTQResult:
+    """GPTQ of ``weight`` ``[N, K]`` onto ``grid`` given ``hessian`` ``[K, K]`` (see the module docstring).
+
+    Args:
+        weight: the float weight (not modified).
+        hessian: ``2 X X^T / T`` of the layer's inputs (:class:`HessianObserver`).
+        grid: the base config's :class:`~quanta.quantization.weight_grid.WeightGrid` for ``weight``.
+        percdamp: damping, a fraction of the mean of ``diag(H)`` added to the diagonal.
+        block_size: columns per lazy batch (the updates to later columns are applied once per batch).
+        act_order: quantize columns in decreasing ``diag(H)``, with static groups.
+
+    Returns:
+        a :class:`GPTQResult`.
+    """
+    n, k = weight.shape
+    if tuple(hessian.shape) != (k, k):
+        raise ValueError(f"hessian must have shape {(k, k)} for a weight of shape {(n, k)}, got "
+                         f"{tuple(hessian.shape)}")
+    if not math.isfinite(percdamp) or percdamp <= 0:
+        raise ValueError(f"percdamp must be a positive number, got {percdamp}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if not bool(torch.isfinite(hessian).all()):
+        raise ValueError("hessian contains NaN or inf: the calibration inputs are not finite")
+    h = hessian.clone().double() if hessian.dtype == torch.float64 else hessian.clone().float()
+    w = weight.detach().to(h.dtype).clone()
+    notes = []
+    dead = h.diagonal() == 0
+    if bool(dead.any()):
+        h[dead, dead] = 1
+        w[:, dead] = 0
+        notes.append(f"{int(dead.sum())} input feature(s) never non-zero in calibration: their weights set to 0")
+
+    g = grid.group_columns
+    perm = None
+    if act_order:
+        perm = torch.argsort(h.diagonal(), descending=True, stable=True)
+        w, h = w[:, perm], h[perm][:, perm]
+        grid.fit_all_from_template()
+    u, damp = _inverse_cholesky(h, percdamp)
+    if damp != percdamp:
+        notes.append(f"percdamp raised to {damp:g} to make the Hessian positive definite")
+
+    quantized = torch.zeros_like(w)   # Q(w_i) in the working order
+    inputs = torch.zeros_like(w)      # the values each column had when it was quantized
+    for b0 in range(0, k, block_size):
+        b1 = min(b0 + block_size, k)
+        wb = w[:, b0:b1].clone()
+        errors = torch.zeros_like(wb)
+        ub = u[b0:b1, b0:b1]
+        for i in range(b1 - b0):
+            col = b0 + i
+            orig = int(perm[col]) if perm is not None else col
+            if perm is None and grid.num_groups > 1 and col % g == 0:
+                # the group's qparams from its columns as they are now (later ones in w, not yet in this block)
+                ahead = col + g - b1
+                cols = wb[:, i:i + g] if ahead <= 0 else torch.cat([wb[:, i:], w[:, b1:b1 + ahead]], dim=1)
+                grid.fit(col // g, cols)
+            x = wb[:, i:i + 1]
+            q = grid.fake_quantize(x, orig).to(w.dtype)
+            inputs[:, col:col + 1] = x
+            quantized[:, col:col + 1] = q
+            err = (x - q) / ub[i, i]
+            wb[:, i:] -= err @ ub[i:i + 1, i:]
+            errors[:, i:i + 1] = err
+        w[:, b1:] -= errors @ u[b0:b1, b1:]
+
+    if perm is not None:
+        inv = torch.argsort(perm)
+        quantized, inputs = quantized[:, inv], inputs[:, inv]
+    tensor = grid.build(inputs)
+    deq = tensor.dequantize().to(h.dtype)
+    if not torch.equal(deq, quantized.to(deq.dtype)):
+        # build() re-quantizes the recorded inputs with the same qparams: any difference is a bug
+        raise RuntimeError("GPTQ: the built tensor differs from the columns quantized along the way")
+    ref = weight.detach().to(h.dtype)
+    hess = hessian.to(h.dtype)
+    rtn = grid.config.quantize_weight(weight.detach(), grid.module).dequantize().to(h.dtype)
+    return GPTQResult(tensor, output_mse(deq - ref, hess), output_mse(rtn - ref, hess), damp, notes)
+
+
+_OBSERVER = "_quanta_gptq_observer"
+
+
+def check_base_config(base_config: object, what: str) -> None:
+    """TypeError unless ``base_config`` is a plain ``quantize_`` config (not a calibration config or a mapping)."""
+    if not isinstance(base_config, AOBaseConfig) or isinstance(base_config, (CalibrationConfig, ModuleFqnToConfig)):
+        raise TypeError(f"{what}.base_config must be a quantize_ config such as Int4WeightOnlyConfig(group_size=128) "
+                        f"or Int8WeightOnlyConfig(), got {base_config!r}")
+
+
+def check_step(step: object, allowed: tuple[str, ...], what: str) -> None:
+    if step not in allowed:
+        raise ValueError(f"{what}.step must be one of {allowed}, got {step!r}")
+
+
+def attach_observer(module: nn.Module, attr: str, observer: object, update: Callable[[torch.Tensor], None]) -> None:
+    """Give ``module`` an observer fed by a forward pre-hook (replacing one already there)."""
+    detach_observer(module, attr)
+    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: update(args[0] if args else
+                                                                                 kwargs["input"]), with_kwargs=True)
+    setattr(module, attr, (observer, handle))
+
+
+def detach_observer(module: nn.Module, attr: str) -> object:
+    """Remove the observer ``attach_observer`` gave ``module`` (and its hook); return it, or None."""
+    entry = module.__dict__.pop(attr, None)
+    if entry is None:
+        return None
+    entry[1].remove()
+    return entry[0]
+
+
+@dataclass
+class GPTQConfig(CalibrationConfig):
+    """GPTQ through ``quantize_``, in two steps (torchao's ``GPTQConfig``; see the module docstring).
+
+    Args:
+        step: ``"observe"`` attaches a Hessian observer to every selected Linear (weights unchanged);
+            run calibration data through the model, then ``"convert"`` quantizes each observed layer
+            with GPTQ and removes the observers.
+        base_config: the storage: any quanta ``quantize_`` config (int4 / int8 / intx weight-only, int8
+            dynamic activation, float8, fpx). The result is that config's ordinary quantized tensor.
+        percdamp: damping as a fraction of the mean of ``diag(H)``.
+        gptq_quantize_block_size: columns per lazy batch of updates.
+        act_order: quantize columns in decreasing ``diag(H)`` (groups keep the original weight's qparams).
+
+    torchao 0.18's GPTQConfig refuses int4 on CPU and cannot run sequentially; quanta's runs every base
+    config on CPU, and :func:`quanta.quantization.quantize_sequential` runs it block by block.
+    """
+
+    step: str = "observe"
+    base_config: AOBaseConfig = field(default_factory=Int4WeightOnlyConfig)
+    percdamp: float = 0.01
+    gptq_quantize_block_size: int = 256
+    act_order: bool = False
+
+    def __post_init__(self) -> None:
+        check_step(self.step, ("observe", "convert"), "GPTQConfig")
+        check_base_config(self.base_config, "GPTQConfig")
+        if isinstance(self.percdamp, bool) or not isinstance(self.percdamp, (int, float)) \
+                or not math.isfinite(self.percdamp) or self.percdamp <= 0:
+            raise ValueError(f"GPTQConfig.percdamp must be a positive number, got {self.percdamp!r}")
+        b = self.gptq_quantize_block_size
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"GPTQConfig.gptq_quantize_block_size must be a positive int, got {b!r}")
+        if not isinstance(self.act_order, bool):
+            raise TypeError(f"GPTQConfig.act_order must be a bool, got {self.act_order!r}")
+
+    def describe(self) -> str:
+        return f"GPTQConfig(step={self.step!r}, base_config={self.base_config.describe()})"
+
+    def apply(self, selected, report):
+        changes = []
+        for fqn, module in selected:
+            try:
+                if not isinstance(module, nn.Linear):
+                    raise LayerNotQuantizable(f"GPTQ quantizes nn.Linear layers, not {type(module).__name__}")
+                if self.step == "observe":
+                    changes.append(self._observe(module))
+                    report.observed.append(fqn)
+                else:
+                    changes.append(self._convert(fqn, module, report))
+                    report.quantized.append(fqn)
+            except LayerNotQuantizable as e:
+                report.skipped[fqn] = str(e)
+        if self.step == "convert" and selected and not any(_OBSERVER in m.__dict__ for _, m in selected):
+            raise ValueError("GPTQConfig(step='convert'): no selected layer was observed; run quantize_ with "
+                             "step='observe', then calibration data through the model, then convert")
+        return changes
+
+    @staticmethod
+    def _observe(module: nn.Linear) -> Callable[[], None]:
+        obs = HessianObserver(module.in_features)
+        return lambda: attach_observer(module, _OBSERVER, obs, obs.update)
+
+    def _convert(self, fqn: str, module: nn.Linear, report: QuantizeReport) -> Callable[[], None]:
+        entry = module.__dict__.get(_OBSERVER)
+        if entry is None:
+            raise LayerNotQuantizable("not observed: run quantize_ with GPTQConfig(step='observe') first")
+        obs = entry[0]
+        if obs.count == 0:
+            raise LayerNotQuantizable("GPTQ saw no calibration input for this layer")
+        weight = module.weight.detach()
+        grid = WeightGrid(self.base_config, module, weight)  # LayerNotQuantizable if the base config refuses
+        result = gptq_quantize(weight, obs.hessian(), grid, percdamp=self.percdamp,
+                               block_size=self.gptq_quantize_block_size, act_order=self.act_order)
+        report.output_mse[fqn] = (result.rtn_mse, result.mse)
+        if result.notes:
+            report.notes[fqn] = result.notes
+
+        def install() -> None:
+            module.weight = nn.Parameter(result.tensor, requires_grad=False)
+            detach_observer(module, _OBSERVER)
+
+        return install
