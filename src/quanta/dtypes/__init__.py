@@ -32,6 +32,7 @@ from quanta.dtypes.layouts import (
     PlainLayout,
     UintxLayout,
 )
+from quanta.dtypes.activation_scale import WeightTensorWithLinearActivationScaleMetadata
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor
 from quanta.dtypes.serialization import load_quantized, save_quantized
 from quanta.dtypes.tensor_impl import (
@@ -47,6 +48,7 @@ from quanta.encodings.torchao import MappingType, ZeroPointDomain
 __all__ = [
     "AffineQuantizedTensor",
     "LinearActivationQuantizedTensor",
+    "WeightTensorWithLinearActivationScaleMetadata",
     "save_quantized",
     "load_quantized",
     "to_affine_quantized_intx",
@@ -70,7 +72,7 @@ __all__ = [
 
 # weights_only=True loading may rebuild only allow-listed classes: these are plain data holders
 torch.serialization.add_safe_globals([
-    AffineQuantizedTensor, LinearActivationQuantizedTensor, PlainLayout, UintxLayout, Float8Layout, FloatxTensorCoreLayout, Int4CPULayout,
+    AffineQuantizedTensor, LinearActivationQuantizedTensor, WeightTensorWithLinearActivationScaleMetadata, PlainLayout, UintxLayout, Float8Layout, FloatxTensorCoreLayout, Int4CPULayout,
     PlainAQTTensorImpl, UintxAQTTensorImpl, Float8AQTTensorImpl, FloatxAQTTensorImpl, Int4CPUAQTTensorImpl,
     ZeroPointDomain, MappingType,
 ])

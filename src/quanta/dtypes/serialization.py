@@ -2,7 +2,8 @@
 
 ``save_quantized(state_dict, path)`` writes every plain tensor under its own
 key and every :class:`~quanta.dtypes.AffineQuantizedTensor` /
-:class:`~quanta.dtypes.LinearActivationQuantizedTensor` as its storage tensors
+:class:`~quanta.dtypes.LinearActivationQuantizedTensor` /
+:class:`~quanta.dtypes.WeightTensorWithLinearActivationScaleMetadata` as its storage tensors
 under ``"<key>::<field>"``, with a description (layout, block size, shape, code
 range, zero-point domain, dtype) in the file's ``"quanta"`` metadata entry,
 JSON. ``load_quantized(path)`` rebuilds the state dict: the JSON is parsed
@@ -35,6 +36,7 @@ from typing import Any, Mapping
 import torch
 
 from quanta._files import atomic_write
+from quanta.dtypes.activation_scale import WeightTensorWithLinearActivationScaleMetadata
 from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
 from quanta.dtypes.layouts import (
     Float8Layout,
@@ -59,6 +61,7 @@ __all__ = ["save_quantized", "load_quantized", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 _SEP = "::"
+_QUANTIZED = (AffineQuantizedTensor, LinearActivationQuantizedTensor, WeightTensorWithLinearActivationScaleMetadata)
 _LAYOUTS: dict[str, type[Layout]] = {c.__name__: c for c in (PlainLayout, UintxLayout, Float8Layout,
                                                              FloatxTensorCoreLayout, Int4CPULayout)}
 _IMPLS: dict[str, type[AQTTensorImpl]] = {c.__name__: c for c in (PlainAQTTensorImpl, UintxAQTTensorImpl,
@@ -136,21 +139,30 @@ def save_quantized(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLi
     for key, t in state_dict.items():
         if not isinstance(key, str) or _SEP in key:
             raise ValueError(f"state_dict key {key!r} must be a str without {_SEP!r}")
-        if isinstance(t, LinearActivationQuantizedTensor):
-            desc = {"type": "LinearActivationQuantizedTensor", "act_mapping_type": t.act_mapping_type.name,
-                    "transposed": t.transposed, "weight": _aqt_json(f"{key}{_SEP}weight", t.original_weight_tensor,
-                                                                    tensors)}
-            if t.weight_col_sums is not None:
-                tensors[f"{key}{_SEP}weight_col_sums"] = t.weight_col_sums.contiguous()
-            described[key] = desc
-        elif isinstance(t, AffineQuantizedTensor):
-            described[key] = _aqt_json(key, t, tensors)
+        if isinstance(t, _QUANTIZED):
+            described[key] = _describe(key, t, tensors)
         elif isinstance(t, torch.Tensor):
             tensors[key] = t.detach().contiguous()
         else:
             raise TypeError(f"state_dict[{key!r}] is a {type(t).__name__}, not a tensor")
     header = {"format": "quanta", "version": str(FORMAT_VERSION), "quanta": json.dumps(described), **extra}
     atomic_write(path, lambda tmp: st.save_file(tensors, tmp, metadata=header))
+
+
+def _describe(key: str, t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The JSON description of a quantized tensor; its storage tensors go into ``tensors`` under ``key::...``."""
+    if isinstance(t, WeightTensorWithLinearActivationScaleMetadata):
+        tensors[f"{key}{_SEP}activation_scale"] = t.scale.detach().contiguous()
+        return {"type": "WeightTensorWithLinearActivationScaleMetadata",
+                "weight": _describe(f"{key}{_SEP}weight", t.original_weight_tensor, tensors)}
+    if isinstance(t, LinearActivationQuantizedTensor):
+        desc = {"type": "LinearActivationQuantizedTensor", "act_mapping_type": t.act_mapping_type.name,
+                "transposed": t.transposed, "weight": _aqt_json(f"{key}{_SEP}weight", t.original_weight_tensor,
+                                                                tensors)}
+        if t.weight_col_sums is not None:
+            tensors[f"{key}{_SEP}weight_col_sums"] = t.weight_col_sums.contiguous()
+        return desc
+    return _aqt_json(key, t, tensors)
 
 
 # --------------------------------------------------------------------------- load
@@ -288,6 +300,42 @@ def _code_dtype(impl: AQTTensorImpl) -> torch.dtype | None:
     return None
 
 
+def _tensor_from(key: str, d: Any, tensors: dict[str, torch.Tensor], used: set[str]) -> torch.Tensor:
+    """The quantized tensor ``key`` described by ``d`` (the inverse of :func:`_describe`)."""
+    where = f"tensor {key!r}"
+    kind = d.get("type") if isinstance(d, dict) else None
+    if kind == "WeightTensorWithLinearActivationScaleMetadata":
+        inner = d.get("weight")
+        if not isinstance(inner, dict) or inner.get("type") == kind:
+            raise ValueError(f"{where}: 'weight' must describe an AffineQuantizedTensor or a "
+                             "LinearActivationQuantizedTensor")
+        weight = _tensor_from(f"{key}{_SEP}weight", inner, tensors, used)
+        scale = tensors.get(f"{key}{_SEP}activation_scale")
+        if scale is None:
+            raise ValueError(f"{where}: the activation_scale tensor is missing")
+        used.add(f"{key}{_SEP}activation_scale")
+        try:
+            return WeightTensorWithLinearActivationScaleMetadata(weight, scale)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+    if kind == "LinearActivationQuantizedTensor":
+        act = _field(d, "act_mapping_type", str, where)
+        if act not in ("SYMMETRIC", "ASYMMETRIC"):
+            raise ValueError(f"{where}: act_mapping_type must be SYMMETRIC or ASYMMETRIC, got {act!r}")
+        weight = _aqt_from(f"{key}{_SEP}weight", d.get("weight"), tensors, used)
+        sums = tensors.get(f"{key}{_SEP}weight_col_sums")
+        if sums is not None:
+            used.add(f"{key}{_SEP}weight_col_sums")
+            if tuple(sums.shape) != (weight.shape[0],) or sums.dtype != torch.int32:
+                raise ValueError(f"{where}: weight_col_sums must be int32 of shape ({weight.shape[0]},)")
+        try:
+            return LinearActivationQuantizedTensor(weight, MappingType[act], sums,
+                                                   transposed=_field(d, "transposed", bool, where))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+    return _aqt_from(key, d, tensors, used)
+
+
 def load_quantized(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """The state dict saved by :func:`save_quantized` (load it with ``load_state_dict(sd, assign=True)``).
 
@@ -320,24 +368,7 @@ def load_quantized(path: str | os.PathLike, device: str | torch.device = "cpu") 
     out: dict[str, torch.Tensor] = {}
     used: set[str] = set()
     for key, d in described.items():
-        if isinstance(d, dict) and d.get("type") == "LinearActivationQuantizedTensor":
-            where = f"tensor {key!r}"
-            act = _field(d, "act_mapping_type", str, where)
-            if act not in ("SYMMETRIC", "ASYMMETRIC"):
-                raise ValueError(f"{where}: act_mapping_type must be SYMMETRIC or ASYMMETRIC, got {act!r}")
-            weight = _aqt_from(f"{key}{_SEP}weight", d.get("weight"), tensors, used)
-            sums = tensors.get(f"{key}{_SEP}weight_col_sums")
-            if sums is not None:
-                used.add(f"{key}{_SEP}weight_col_sums")
-                if tuple(sums.shape) != (weight.shape[0],) or sums.dtype != torch.int32:
-                    raise ValueError(f"{where}: weight_col_sums must be int32 of shape ({weight.shape[0]},)")
-            try:
-                out[key] = LinearActivationQuantizedTensor(weight, MappingType[act], sums,
-                                                           transposed=_field(d, "transposed", bool, where))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{where}: {e}") from None
-        else:
-            out[key] = _aqt_from(key, d, tensors, used)
+        out[key] = _tensor_from(key, d, tensors, used)
     for k, t in tensors.items():
         if k in used:
             continue

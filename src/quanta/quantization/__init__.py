@@ -37,6 +37,8 @@ __all__ = [
     "FPXWeightOnlyConfig",
     "ModuleFqnToConfig",
     "GPTQConfig",
+    "AWQConfig",
+    "SmoothQuantConfig",
     "quantize_sequential",
     "PerTensor",
     "PerAxis",
@@ -50,7 +52,8 @@ __all__ = [
 _QUANT_API = {"quantize_", "QuantizeReport", "AOBaseConfig", "Int8WeightOnlyConfig", "Int4WeightOnlyConfig",
               "Int8DynamicActivationInt8WeightConfig", "Float8WeightOnlyConfig", "IntxWeightOnlyConfig",
               "FPXWeightOnlyConfig", "ModuleFqnToConfig", "CalibrationConfig"}
-_CALIBRATED = {"GPTQConfig": "gptq", "quantize_sequential": "sequential"}
+_CALIBRATED = {"GPTQConfig": "gptq", "AWQConfig": "awq", "SmoothQuantConfig": "smoothquant",
+               "quantize_sequential": "sequential"}
 
 
 def __getattr__(name: str):

@@ -50,63 +50,24 @@ from typing import Callable
 import torch
 from torch import nn
 
+from quanta.quantization.observed import (
+    HessianObserver,
+    attach_observer,
+    check_base_config,
+    check_step,
+    detach_observer,
+    output_mse,
+)
 from quanta.quantization.quant_api import (
     AOBaseConfig,
     CalibrationConfig,
     Int4WeightOnlyConfig,
     LayerNotQuantizable,
-    ModuleFqnToConfig,
     QuantizeReport,
 )
 from quanta.quantization.weight_grid import WeightGrid
 
 __all__ = ["GPTQConfig", "HessianObserver", "GPTQResult", "gptq_quantize", "output_mse"]
-
-
-class HessianObserver:
-    """Accumulates ``H = 2 X X^T / T`` over every input row ``x`` (``[..., K]``) a Linear layer sees.
-
-    Sums in float32 (float64 if the inputs are float64); ``hessian()`` divides
-    by the count at the end, so the order of the batches does not matter beyond
-    float rounding.
-
-    >>> obs = HessianObserver(3)
-    >>> obs.update(torch.tensor([[1.0, 0.0, 2.0]]))
-    >>> obs.hessian()
-    tensor([[2., 0., 4.],
-            [0., 0., 0.],
-            [4., 0., 8.]])
-    """
-
-    def __init__(self, in_features: int) -> None:
-        self.in_features = in_features
-        self.sum = torch.zeros(in_features, in_features)
-        self.count = 0
-
-    def update(self, x: torch.Tensor) -> None:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"input has {x.shape[-1]} features, the layer takes {self.in_features}")
-        rows = x.detach().reshape(-1, self.in_features)
-        rows = rows.double() if rows.dtype == torch.float64 else rows.float()
-        if self.sum.dtype != rows.dtype:
-            self.sum = self.sum.to(rows.dtype)
-        self.sum.addmm_(rows.t(), rows)
-        self.count += rows.shape[0]
-
-    def hessian(self) -> torch.Tensor:
-        if self.count == 0:
-            raise ValueError("no input observed")
-        return self.sum * (2.0 / self.count)
-
-
-def output_mse(delta: torch.Tensor, hessian: torch.Tensor) -> float:
-    """Mean squared output error ``mean((delta @ x)^2)`` over the observed inputs, from ``H = 2 X X^T / T``.
-
-    ``delta`` is the weight change ``[N, K]``: ``sum((delta H) * delta) / (2 N)``, exact on the calibration
-    inputs without keeping them.
-    """
-    d = delta.to(hessian.dtype)
-    return float(((d @ hessian) * d).sum() / (2 * d.shape[0]))
 
 
 @dataclass
@@ -223,35 +184,6 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, grid: WeightGrid,
 _OBSERVER = "_quanta_gptq_observer"
 
 
-def check_base_config(base_config: object, what: str) -> None:
-    """TypeError unless ``base_config`` is a plain ``quantize_`` config (not a calibration config or a mapping)."""
-    if not isinstance(base_config, AOBaseConfig) or isinstance(base_config, (CalibrationConfig, ModuleFqnToConfig)):
-        raise TypeError(f"{what}.base_config must be a quantize_ config such as Int4WeightOnlyConfig(group_size=128) "
-                        f"or Int8WeightOnlyConfig(), got {base_config!r}")
-
-
-def check_step(step: object, allowed: tuple[str, ...], what: str) -> None:
-    if step not in allowed:
-        raise ValueError(f"{what}.step must be one of {allowed}, got {step!r}")
-
-
-def attach_observer(module: nn.Module, attr: str, observer: object, update: Callable[[torch.Tensor], None]) -> None:
-    """Give ``module`` an observer fed by a forward pre-hook (replacing one already there)."""
-    detach_observer(module, attr)
-    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: update(args[0] if args else
-                                                                                 kwargs["input"]), with_kwargs=True)
-    setattr(module, attr, (observer, handle))
-
-
-def detach_observer(module: nn.Module, attr: str) -> object:
-    """Remove the observer ``attach_observer`` gave ``module`` (and its hook); return it, or None."""
-    entry = module.__dict__.pop(attr, None)
-    if entry is None:
-        return None
-    entry[1].remove()
-    return entry[0]
-
-
 @dataclass
 class GPTQConfig(CalibrationConfig):
     """GPTQ through ``quantize_``, in two steps (torchao's ``GPTQConfig``; see the module docstring).
@@ -291,7 +223,7 @@ class GPTQConfig(CalibrationConfig):
     def describe(self) -> str:
         return f"GPTQConfig(step={self.step!r}, base_config={self.base_config.describe()})"
 
-    def apply(self, selected, report):
+    def apply(self, model, selected, report):
         changes = []
         for fqn, module in selected:
             try:

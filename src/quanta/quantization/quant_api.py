@@ -284,8 +284,9 @@ class CalibrationConfig(AOBaseConfig):
     observers saw and removes them. Subclasses implement :meth:`apply`.
     """
 
-    def apply(self, selected: list[tuple[str, nn.Module]], report: "QuantizeReport") -> list[Callable[[], None]]:
-        """Plan this config's step on ``selected`` ``(fqn, module)`` pairs, filling ``report``.
+    def apply(self, model: nn.Module, selected: list[tuple[str, nn.Module]], report: "QuantizeReport"
+              ) -> list[Callable[[], None]]:
+        """Plan this config's step on ``selected`` ``(fqn, module)`` pairs of ``model``, filling ``report``.
 
         Returns the changes to make (attach an observer, install a weight...), run
         by ``quantize_`` only once every layer has been planned, so that
@@ -305,7 +306,9 @@ class QuantizeReport:
     ``quantized``: module names whose weight is now quantized; ``skipped``: names kept in float, with the
     reason; ``observed``: names given observers by a calibration config's first step; ``output_mse``: for
     calibration configs, ``(round_to_nearest, algorithm)`` output MSE of each layer on its calibration
-    inputs; ``notes``: what an algorithm adjusted on a layer (damping raised, dead inputs, ...).
+    inputs; ``notes``: what an algorithm adjusted on a layer (damping raised, dead inputs, ...);
+    ``scale_folded_into``: for SmoothQuant and AWQ, the op each layer's input scale was folded into, or None
+    where it stays in the weight (:class:`~quanta.dtypes.WeightTensorWithLinearActivationScaleMetadata`).
     """
 
     quantized: list[str] = field(default_factory=list)
@@ -313,6 +316,7 @@ class QuantizeReport:
     observed: list[str] = field(default_factory=list)
     output_mse: dict[str, tuple[float, float]] = field(default_factory=dict)
     notes: dict[str, list[str]] = field(default_factory=dict)
+    scale_folded_into: dict[str, Optional[str]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"observed {len(self.observed)} layer(s)"] if self.observed else []
@@ -320,6 +324,8 @@ class QuantizeReport:
         for name, (rtn, algo) in self.output_mse.items():
             gain = f"{10 * math.log10(rtn / algo):+.1f} dB" if rtn > 0 and algo > 0 else "n/a"
             lines.append(f"  {name}: output MSE {algo:.4g} (round-to-nearest {rtn:.4g}, {gain})")
+        lines += [f"  {name}: input scale " + (f"folded into {into}" if into else "kept in the weight")
+                  for name, into in self.scale_folded_into.items()]
         lines += [f"  {name}: {note}" for name, ns in self.notes.items() for note in ns]
         lines += [f"kept in float: {name or '<root>'}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
@@ -421,7 +427,7 @@ def _quantize_calibrated(model: nn.Module, config: CalibrationConfig, filter_fn,
                 module.to(device)
             selected.append((fqn, module))
     report = QuantizeReport()
-    changes = config.apply(selected, report)
+    changes = config.apply(model, selected, report)
     _warn_skipped(config, report, strict, stacklevel=4)
     for change in changes:
         change()

@@ -173,6 +173,8 @@ def _merge(total: SequentialReport, part: QuantizeReport, prefix: str) -> None:
     total.skipped.update({prefix + n: why for n, why in part.skipped.items()})
     total.output_mse.update({prefix + n: v for n, v in part.output_mse.items()})
     total.notes.update({prefix + n: v for n, v in part.notes.items()})
+    total.scale_folded_into.update({prefix + n: None if v is None else prefix + v
+                                    for n, v in part.scale_folded_into.items()})
 
 
 @torch.no_grad()

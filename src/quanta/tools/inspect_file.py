@@ -292,7 +292,10 @@ def _quanta_described(path: str, text: Any) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: the 'quanta' metadata entry of {name!r} must be an object")
         kind = d.get("type")
         act = None
-        if kind == "LinearActivationQuantizedTensor":
+        if kind == "WeightTensorWithLinearActivationScaleMetadata":  # the activation scale: a smoothing factor
+            d = d.get("weight") if isinstance(d.get("weight"), dict) else {}
+            kind = f"{d.get('type', 'AffineQuantizedTensor')} (input scaled)"
+        if d.get("type") == "LinearActivationQuantizedTensor":
             act = d.get("act_mapping_type")
             d = d.get("weight") if isinstance(d.get("weight"), dict) else {}
         layout = d.get("layout") if isinstance(d.get("layout"), dict) else {}
