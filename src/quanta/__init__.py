@@ -20,4 +20,15 @@ __all__ = [
     "QuantizedTensorBase",
     "QuantizedTensor",
     "DequantizedTensor",
+    "load_pretrained",
 ]
+
+
+def __getattr__(name: str):
+    # quanta.load_pretrained(dir): the checkpoints quanta.quantization.quantize_pretrained writes (needs transformers,
+    # so it loads on first use)
+    if name == "load_pretrained":
+        from quanta.quantization.pretrained import load_pretrained
+
+        return load_pretrained
+    raise AttributeError(f"module 'quanta' has no attribute {name!r}")

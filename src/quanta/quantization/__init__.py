@@ -40,6 +40,8 @@ __all__ = [
     "AWQConfig",
     "SmoothQuantConfig",
     "quantize_sequential",
+    "quantize_pretrained",
+    "load_pretrained",
     "PerTensor",
     "PerAxis",
     "PerRow",
@@ -53,7 +55,8 @@ _QUANT_API = {"quantize_", "QuantizeReport", "AOBaseConfig", "Int8WeightOnlyConf
               "Int8DynamicActivationInt8WeightConfig", "Float8WeightOnlyConfig", "IntxWeightOnlyConfig",
               "FPXWeightOnlyConfig", "ModuleFqnToConfig", "CalibrationConfig"}
 _CALIBRATED = {"GPTQConfig": "gptq", "AWQConfig": "awq", "SmoothQuantConfig": "smoothquant",
-               "quantize_sequential": "sequential"}
+               "quantize_sequential": "sequential", "quantize_pretrained": "pretrained",
+               "load_pretrained": "pretrained"}
 
 
 def __getattr__(name: str):

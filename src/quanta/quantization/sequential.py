@@ -219,9 +219,6 @@ def quantize_sequential(model: nn.Module, config: AOBaseConfig, data: Iterable[A
     report = SequentialReport(blocks=[n for n, _ in block_list])
     in_blocks = {n for n, _ in block_list}
 
-    def under(prefix: str) -> Callable[[nn.Module, str], bool]:
-        return lambda m, n: select(m, f"{prefix}{n}")
-
     def outside(m: nn.Module, n: str) -> bool:
         return select(m, n) and not any(n == b or n.startswith(b + ".") for b in in_blocks)
 
@@ -233,27 +230,50 @@ def quantize_sequential(model: nn.Module, config: AOBaseConfig, data: Iterable[A
             inputs = _capture_inputs(model, block_list[0][1], batches)
             bar = make_bar(len(block_list), enabled=progress, desc="quantize_sequential", unit="block")
             for name, block in block_list:
-                prefix = f"{name}."
-                if first is not None:
-                    quantize_(block, first, filter_fn=under(prefix))
-                    for args, kwargs in inputs:
-                        block(*args, **kwargs)
-                _merge(report, quantize_(block, second, filter_fn=under(prefix)), prefix)
-                inputs = [_with_hidden(args, kwargs, _first_tensor(block(*args, **kwargs)))
-                          for args, kwargs in inputs]
+                inputs = calibrate_block(block, name, (first, second), inputs, select, report)[0]
                 bar.advance()
             bar.close()
             del inputs
             # the rest (lm_head...), calibrated through the model with every block quantized
-            if any(outside(m, n) for n, m in model.named_modules()):
-                if first is not None:
-                    quantize_(model, first, filter_fn=outside)
-                    for batch in batches:
-                        _call(model, batch)
-                _merge(report, quantize_(model, second, filter_fn=outside), "")
+            calibrate_rest(model, (first, second), batches, outside, report)
     finally:
         model.train(was_training)
     return report
+
+
+Steps = tuple[Optional[AOBaseConfig], AOBaseConfig]
+
+
+def calibrate_block(block: nn.Module, name: str, steps: Steps, inputs: list[tuple[tuple, dict]],
+                    select: Callable[[nn.Module, str], bool], report: "SequentialReport"
+                    ) -> tuple[list[tuple[tuple, dict]], list[Any]]:
+    """Both steps of ``steps`` on the layers of ``block`` (named ``name`` in the model) that ``select`` takes,
+    on ``inputs``; then the quantized block's ``(next inputs, raw outputs)`` for the same calls."""
+    first, second = steps
+    prefix = f"{name}."
+
+    def under(m: nn.Module, n: str) -> bool:
+        return select(m, f"{prefix}{n}")
+    if first is not None:
+        quantize_(block, first, filter_fn=under)
+        for args, kwargs in inputs:
+            block(*args, **kwargs)
+    _merge(report, quantize_(block, second, filter_fn=under), prefix)
+    outputs = [block(*args, **kwargs) for args, kwargs in inputs]
+    return [_with_hidden(a, k, _first_tensor(o)) for (a, k), o in zip(inputs, outputs)], outputs
+
+
+def calibrate_rest(model: nn.Module, steps: Steps, batches: list[Any], outside: Callable[[nn.Module, str], bool],
+                   report: "SequentialReport") -> None:
+    """Both steps on the layers ``outside`` takes (those outside the blocks), through whole-model calls."""
+    first, second = steps
+    if not any(outside(m, n) for n, m in model.named_modules()):
+        return
+    if first is not None:
+        quantize_(model, first, filter_fn=outside)
+        for batch in batches:
+            _call(model, batch)
+    _merge(report, quantize_(model, second, filter_fn=outside), "")
 
 
 def _check_chained(model: nn.Module, blocks: list[tuple[str, nn.Module]], batch: Any) -> None:
