@@ -3,7 +3,9 @@
 ``quanta demo`` runs the main job (see :mod:`quanta.tools.demo`); ``quanta inspect FILE``
 describes an encodings, ONNX or safetensors file (:mod:`quanta.tools.inspect_file`);
 ``quanta quantize MODEL --calib DATA --out DIR`` calibrates a saved model and writes its
-encodings, ONNX graph and fake-quantized weights (:mod:`quanta.tools.quantize_model`);
+encodings, ONNX graph and fake-quantized weights (:mod:`quanta.tools.quantize_model`); given a transformers
+checkpoint directory and ``--algorithm gptq|awq|smoothquant|rtn`` it writes the quantized checkpoint instead,
+one block in memory at a time (:mod:`quanta.tools.quantize_checkpoint`);
 ``quanta bench MODEL --data DATA`` compares simulated and real-storage quantization schemes on that model
 (output SQNR, weight bytes, latency; :mod:`quanta.tools.bench_model`).
 Errors print one line and exit with status 2 (bad usage or input) or 1 (failure);
@@ -80,6 +82,13 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if Path(args.model).is_dir():
+        return _quantize_checkpoint(args)
+    checkpoint_only = {"--algorithm": args.algorithm, "--weights": args.weights, "--group-size": args.group_size,
+                       "--seq-len": args.seq_len}
+    given = [flag for flag, v in checkpoint_only.items() if v is not None]
+    if given:
+        raise CLIError(f"{', '.join(given)} apply to a transformers checkpoint directory; {args.model} is a file")
     cfg = _with_overrides(QuantizeConfig(), scheme=args.scheme, param_bw=args.param_bw, output_bw=args.output_bw,
                          encoding_version=args.encoding_version, model_class=args.model_class,
                          batch_size=args.batch_size, num_batches=args.num_batches,
@@ -88,6 +97,28 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     result = quantize_model(args.model, args.calib, args.out, cfg,
                             log=lambda msg: print(f"quanta quantize: {msg}", file=sys.stderr))
     print(format_summary(result))
+    return 0
+
+
+def _quantize_checkpoint(args: argparse.Namespace) -> int:
+    from quanta.tools.quantize_checkpoint import quantize_checkpoint
+
+    simulation_only = {"--model-class": args.model_class, "--config": args.config, "--scheme": args.scheme,
+                       "--param-bw": args.param_bw, "--output-bw": args.output_bw,
+                       "--encoding-version": args.encoding_version}
+    given = [flag for flag, v in simulation_only.items() if v is not None]
+    given += [flag for flag, v in (("--fold-bn", args.fold_bn), ("--no-onnx", args.no_onnx)) if v]
+    if given:
+        raise CLIError(f"{', '.join(given)} apply to simulation of a model file, not to a checkpoint directory")
+    if args.algorithm is None:
+        raise CLIError(f"{args.model} is a checkpoint directory: choose --algorithm gptq, awq, smoothquant or rtn")
+    result = quantize_checkpoint(args.model, args.calib, args.out, algorithm=args.algorithm, weights=args.weights,
+                                 group_size=args.group_size or 128, seq_len=args.seq_len or 512,
+                                 batch_size=args.batch_size or 4, num_batches=args.num_batches,
+                                 progress=not args.no_progress,
+                                 log=lambda msg: print(f"quanta quantize: {msg}", file=sys.stderr))
+    print(result.report)
+    print(f"wrote {result.out_dir} (load it with quanta.load_pretrained)")
     return 0
 
 
@@ -118,12 +149,12 @@ def _parsed(parse):  # a tools/ parser as an argparse type: its ValueError becom
     return convert
 
 
-def _add_model_arguments(p: argparse.ArgumentParser, qm: Any, batch_help: str) -> None:
+def _add_model_arguments(p: argparse.ArgumentParser, qm: Any, batch_help: str, model_help: str = "") -> None:
     """MODEL and the flags that say how to load it and batch its data (shared by quantize and bench)."""
     from quanta.tools.model_files import check_model_class
 
     p.add_argument("model", metavar="MODEL",
-                   help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)")
+                   help="a torch.export program (.pt2) or a state dict (.pt/.pth, with --model-class)" + model_help)
     p.add_argument("--model-class", type=_parsed(check_model_class),
                    metavar="MODULE:CLASS", help="the nn.Module class of a state dict, e.g. mypkg.nets:TinyNet")
     p.add_argument("--batch-size", type=_positive_int,
@@ -165,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "several inputs: a .pt tuple of tensors, or a dict keyed by the forward's "
                                "parameter names")
     quantize.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
-    _add_model_arguments(quantize, qm, "calibration batch size")
+    _add_model_arguments(quantize, qm, "calibration batch size (checkpoints: 4)",
+                         "; or a transformers checkpoint directory, with --algorithm")
     quantize.add_argument("--config", metavar="CFG", help="quantsim config file (.json/.yaml); default: built in")
     quantize.add_argument("--scheme", type=_parsed(qm.parse_scheme),
                           help=f"calibration scheme: {', '.join(s.value for s in qm.QuantScheme)} "
@@ -180,6 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="fold BatchNorm layers into the Conv/Linear next to them first, as a device does "
                                "(the written weights and graph are the folded model's)")
     quantize.add_argument("--no-onnx", action="store_true", help="write model.encodings without model.onnx")
+    from quanta.tools import quantize_checkpoint as qc
+
+    quantize.add_argument("--algorithm", choices=qc.ALGORITHMS,
+                          help="MODEL a transformers checkpoint directory: quantize its weights with this algorithm, "
+                               "block by block (--calib: a text file, or token ids [samples, length] in .pt/.npy)")
+    quantize.add_argument("--weights", choices=qc.WEIGHTS,
+                          help="checkpoint weights: int4/int3 groups, int8 per row, w8a8 (int8 dynamic activations); "
+                               "default int4, w8a8 for smoothquant")
+    quantize.add_argument("--group-size", type=_positive_int, help="checkpoint int4/int3 group size (default 128)")
+    quantize.add_argument("--seq-len", type=_positive_int, help="checkpoint calibration window in tokens (default 512)")
     quantize.set_defaults(func=_cmd_quantize)
 
     bench = sub.add_parser("bench", help="compare quantization schemes on a saved model: SQNR, weight bytes, latency")

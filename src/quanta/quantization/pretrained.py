@@ -316,9 +316,11 @@ def quantize_pretrained(src: Union[str, os.PathLike], dst: Union[str, os.PathLik
 
 
 def _write_config(src: str, out: str, config: AOBaseConfig) -> None:
-    for entry in os.listdir(src):  # tokenizer, generation config...: everything but the weights
+    for entry in os.listdir(src):  # tokenizer, generation config, pooling...: everything but the weights
         path = os.path.join(src, entry)
-        if os.path.isfile(path) and not entry.endswith(".safetensors") and entry not in (_INDEX, "config.json"):
+        if os.path.isdir(path):
+            shutil.copytree(path, os.path.join(out, entry))
+        elif not entry.endswith((".safetensors", ".bin", ".pt", ".pth")) and entry not in (_INDEX, "config.json"):
             shutil.copy2(path, os.path.join(out, entry))
     with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
