@@ -13,9 +13,13 @@ from quanta.dtypes import AffineQuantizedTensor, WeightTensorWithLinearActivatio
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor
 from quanta.quantization import (
     AWQConfig,
+    Float8WeightOnlyConfig,
+    FPXWeightOnlyConfig,
     Int4WeightOnlyConfig,
     Int8DynamicActivationInt8WeightConfig,
     Int8WeightOnlyConfig,
+    IntxWeightOnlyConfig,
+    PerGroup,
     SmoothQuantConfig,
     quantize_,
     quantize_sequential,
@@ -257,3 +261,27 @@ def test_strict_refuses_before_changing_anything():
         report = quantize_(model, SQ("convert"))
     assert report.quantized == ["q"]
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
+
+BASES = [Int8WeightOnlyConfig(), Int8WeightOnlyConfig(group_size=32), Int4WeightOnlyConfig(group_size=32),
+         Int8DynamicActivationInt8WeightConfig(), Float8WeightOnlyConfig(),
+         IntxWeightOnlyConfig(torch.int3, PerGroup(32)), FPXWeightOnlyConfig(3, 2)]
+
+
+@pytest.mark.parametrize("base", BASES, ids=[f"{b.describe()}-{i}" for i, b in enumerate(BASES)])
+@pytest.mark.parametrize("algorithm", [AWQConfig, SmoothQuantConfig], ids=["awq", "smoothquant"])
+def test_every_base_config(algorithm, base):
+    torch.manual_seed(0)
+    model = _outliers(PreNorm())
+    rtn = copy.deepcopy(model)
+    report = _two_step(model, lambda step: algorithm(base, step=step), _data())
+    quantize_(rtn, base)
+    assert len(report.quantized) == 6 and not report.skipped
+    for name in ("q", "o"):
+        got, plain = getattr(model, name).weight, getattr(rtn, name).weight
+        inner = got.original_weight_tensor if isinstance(got, WeightTensorWithLinearActivationScaleMetadata) else got
+        assert type(inner) is type(plain)
+        if isinstance(plain, AffineQuantizedTensor):
+            assert inner._layout == plain._layout
+    if algorithm is AWQConfig:  # the search includes round to nearest: never worse on its own data
+        assert all(awq <= r * (1 + 1e-6) for r, awq in report.output_mse.values())

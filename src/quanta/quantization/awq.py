@@ -36,6 +36,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -82,12 +83,14 @@ class AWQConfig(CalibrationConfig):
         scale_search_space_size: ratios tried in the grid search.
     """
 
+    steps: ClassVar[tuple[str, str]] = ("prepare", "convert")
+
     base_config: AOBaseConfig = field(default_factory=Int4WeightOnlyConfig)
     step: str = "prepare"
     scale_search_space_size: int = 20
 
     def __post_init__(self) -> None:
-        check_step(self.step, ("prepare", "convert"), "AWQConfig")
+        check_step(self.step, self.steps, "AWQConfig")
         check_base_config(self.base_config, "AWQConfig")
         n = self.scale_search_space_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -209,7 +209,7 @@ class GPTQConfig(CalibrationConfig):
     act_order: bool = False
 
     def __post_init__(self) -> None:
-        check_step(self.step, ("observe", "convert"), "GPTQConfig")
+        check_step(self.step, self.steps, "GPTQConfig")
         check_base_config(self.base_config, "GPTQConfig")
         if isinstance(self.percdamp, bool) or not isinstance(self.percdamp, (int, float)) \
                 or not math.isfinite(self.percdamp) or self.percdamp <= 0:

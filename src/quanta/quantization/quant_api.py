@@ -17,6 +17,10 @@ config                                     storage and kernel
 ``FPXWeightOnlyConfig(3, 2)``              packed fp6 (any ebits/mbits) per row; dequantized tile by tile
 =========================================  =======================================================
 
+Calibration configs (``GPTQConfig``, ``AWQConfig``, ``SmoothQuantConfig``:
+:class:`CalibrationConfig`) run in two steps around calibration data, or block by
+block with :func:`~quanta.quantization.sequential.quantize_sequential`.
+
 A layer the config cannot take (wrong shape, a group size that does not divide
 it, a kernel constraint) is never skipped silently: it stays in float and is
 listed in the returned :class:`QuantizeReport` and in a warning
@@ -37,7 +41,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -281,8 +285,11 @@ class CalibrationConfig(AOBaseConfig):
     The first step (``step="observe"``/``"prepare"``) attaches observers to the
     selected modules and changes no weight; the user then runs calibration data
     through the model; the second (``step="convert"``) quantizes from what the
-    observers saw and removes them. Subclasses implement :meth:`apply`.
+    observers saw and removes them. Subclasses name their two steps in ``steps``
+    and implement :meth:`apply`.
     """
+
+    steps: ClassVar[tuple[str, str]] = ("observe", "convert")
 
     def apply(self, model: nn.Module, selected: list[tuple[str, nn.Module]], report: "QuantizeReport"
               ) -> list[Callable[[], None]]:

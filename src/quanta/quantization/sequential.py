@@ -57,11 +57,6 @@ from quanta.quantization.quant_api import AOBaseConfig, CalibrationConfig, Modul
 
 __all__ = ["quantize_sequential", "SequentialReport", "find_blocks"]
 
-# the two steps of each calibration config, by class name
-_STEPS = {"GPTQConfig": ("observe", "convert"), "AWQConfig": ("prepare", "convert"),
-          "SmoothQuantConfig": ("prepare", "convert")}
-
-
 @dataclasses.dataclass
 class SequentialReport(QuantizeReport):
     """:class:`~quanta.quantization.quant_api.QuantizeReport` of every block, plus the ``blocks`` in order."""
@@ -164,7 +159,7 @@ def _steps(config: AOBaseConfig) -> tuple[Optional[AOBaseConfig], AOBaseConfig]:
                         "(select layers with filter_fn)")
     if not isinstance(config, CalibrationConfig):
         return None, config  # round to nearest: one step
-    first, second = _STEPS[type(config).__name__]
+    first, second = type(config).steps
     return dataclasses.replace(config, step=first), dataclasses.replace(config, step=second)
 
 

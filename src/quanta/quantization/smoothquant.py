@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
@@ -76,13 +76,15 @@ class SmoothQuantConfig(CalibrationConfig):
             absmax (memory O(features)), which is what torchao's option selects, with the same result.
     """
 
+    steps: ClassVar[tuple[str, str]] = ("prepare", "convert")
+
     base_config: AOBaseConfig = field(default_factory=Int8DynamicActivationInt8WeightConfig)
     step: str = "prepare"
     alpha: Optional[float] = 0.5
     use_running_absmax: bool = False
 
     def __post_init__(self) -> None:
-        check_step(self.step, ("prepare", "convert"), "SmoothQuantConfig")
+        check_step(self.step, self.steps, "SmoothQuantConfig")
         check_base_config(self.base_config, "SmoothQuantConfig")
         a = self.alpha
         if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a)

@@ -94,8 +94,10 @@ class WeightGrid:
         rows = self.shape[0] // self.row_block
         self.scale = scale.reshape(rows, self.num_groups).clone()
         self.zero_point = None if zp is None else zp.reshape(rows, self.num_groups).clone()
+        self._template_qparams = (self.scale.clone(), None if zp is None else self.zero_point.clone())
         self._code_dtype = None if self.is_float else t.tensor_impl.storage_plain()[0].dtype
         self._fitted = torch.zeros(self.num_groups, dtype=torch.bool)
+        self._column_params: dict[int, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
         if self.num_groups == 1:
             self._fitted[:] = True
 
@@ -104,8 +106,12 @@ class WeightGrid:
         return isinstance(self.layout, (Float8Layout, FloatxTensorCoreLayout))
 
     def fit_all_from_template(self) -> None:
-        """Keep the qparams the config chose on the original weight for every group (GPTQ's static groups)."""
+        """The qparams the config chose on the original weight, for every group (GPTQ's static groups)."""
+        self.scale.copy_(self._template_qparams[0])
+        if self.zero_point is not None:
+            self.zero_point.copy_(self._template_qparams[1])
         self._fitted[:] = True
+        self._column_params.clear()
 
     def fit(self, group: int, columns: torch.Tensor) -> None:
         """Set group ``group``'s qparams to what the config chooses for ``columns`` ``[N, group_columns]``."""
@@ -120,9 +126,18 @@ class WeightGrid:
         if self.zero_point is not None:
             self.zero_point[:, group] = zp.reshape(-1)
         self._fitted[group] = True
+        self._column_params.pop(group, None)
 
     def _params(self, first: int, count: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Full-size qparams ``[N, count]`` of columns ``first .. first + count - 1``."""
+        if count == 1:  # GPTQ's column by column: one expansion per group
+            group = first // self.group_columns
+            if group not in self._column_params:
+                self._column_params[group] = self._params_of(first, 1)
+            return self._column_params[group]
+        return self._params_of(first, count)
+
+    def _params_of(self, first: int, count: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         groups = torch.arange(first, first + count) // self.group_columns
         if not bool(self._fitted[groups].all()):
             raise RuntimeError(f"groups {sorted(set(groups[~self._fitted[groups]].tolist()))} have no qparams "
