@@ -165,3 +165,31 @@ def test_a_missing_tensor_is_named(tmp_path):
     with pytest.raises(ValueError, match="model.layers.1.mlp.down_proj.weight"):
         quantize_pretrained(src, tmp_path / "dst", Int4WeightOnlyConfig(group_size=32), _data(), progress=False)
     assert not (tmp_path / "dst").exists()
+
+
+ARCHITECTURES = {  # transformers 5 saves GPT-NeoX's lm_head as "embed_out": the checkpoint's names are renamed
+    "gpt_neox": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4)),
+    "gemma": lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16)),
+    "falcon": lambda: transformers.FalconForCausalLM(transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)),
+    "bert": lambda: transformers.BertModel(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4)),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_other_architectures_stream_like_they_run_in_memory(tmp_path, arch):
+    torch.manual_seed(0)
+    ARCHITECTURES[arch]().save_pretrained(tmp_path / "src")
+    config = GPTQConfig(base_config=Int4WeightOnlyConfig(group_size=32))
+    report = quantize_pretrained(tmp_path / "src", tmp_path / "dst", config, _data(2), progress=False)
+    model = load_pretrained(tmp_path / "dst")
+    in_memory = type(model).from_pretrained(tmp_path / "src").eval()
+    assert quantize_sequential(in_memory, config, _data(2), progress=False).quantized == report.quantized
+    x = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        a, b = model(x), in_memory(x)
+    assert torch.equal(a[0], b[0])

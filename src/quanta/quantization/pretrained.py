@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -81,10 +82,28 @@ def _transformers():
     return transformers
 
 
-class _Shards:
-    """The tensors of a checkpoint directory, read one at a time from its safetensors shards."""
+def _renames(model: nn.Module) -> list[tuple[re.Pattern, str]]:
+    """transformers' renames from checkpoint keys to the model's parameter names (``embed_out.`` -> ``lm_head.``...),
+    the plain renames only (tensor conversions are not read here)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # an older transformers: checkpoints hold the parameters' own names
+        return []
+    out = []
+    for t in get_model_conversion_mapping(model):
+        if type(t) is WeightRenaming and len(t.target_patterns) == 1 and not getattr(t, "scope_prefix", None):
+            out += [(re.compile(src), t.target_patterns[0]) for src in t.source_patterns]
+    return out
 
-    def __init__(self, path: str) -> None:
+
+class _Shards:
+    """The tensors of a checkpoint directory, read one at a time from its safetensors shards.
+
+    ``where`` maps the model's parameter names to ``(file, checkpoint key)``.
+    """
+
+    def __init__(self, path: str, renames: Sequence[tuple[re.Pattern, str]] = ()) -> None:
         from safetensors import safe_open
 
         index = os.path.join(path, _INDEX)
@@ -99,10 +118,17 @@ class _Shards:
             raise ValueError(f"{path}: no {_SINGLE} or {_INDEX}: not a safetensors checkpoint directory")
         files = sorted(set(weight_map.values())) if weight_map else [_SINGLE]
         self._open = {f: safe_open(os.path.join(path, f), framework="pt") for f in files}
-        self.where = weight_map or {k: _SINGLE for k in self._open[_SINGLE].keys()}
+        stored = weight_map or {k: _SINGLE for k in self._open[_SINGLE].keys()}
+        self.where: dict[str, tuple[str, str]] = {}
+        for key, file in stored.items():
+            name = key
+            for pattern, target in renames:
+                name = pattern.sub(target, name)
+            self.where[name] = (file, key)
 
-    def get(self, key: str) -> torch.Tensor:
-        return self._open[self.where[key]].get_tensor(key)
+    def get(self, name: str) -> torch.Tensor:
+        file, key = self.where[name]
+        return self._open[file].get_tensor(key)
 
 
 def _config_and_class(path: str) -> tuple[Any, type]:
@@ -150,7 +176,9 @@ def _materialize(model: nn.Module, shards: _Shards, where: Callable[[str], bool]
         holders = owners[id(p)]
         key = next((name for _, _, name in holders if name in shards.where), None)
         if key is None:
-            raise ValueError(f"the checkpoint has no tensor for parameter {full!r}")
+            raise ValueError(f"the checkpoint has no tensor for parameter {full!r} (or stores it in a converted "
+                             "layout, which quanta does not read: load the model with transformers and use "
+                             "quantize_sequential)")
         value = shards.get(key)
         if tuple(value.shape) != tuple(p.shape):
             raise ValueError(f"the checkpoint's {key!r} has shape {tuple(value.shape)}, the model expects "
@@ -165,21 +193,23 @@ def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 class _Replay(nn.Module):
-    """Stands in for a finished block: returns its input hidden states, or (the last block) what it returned."""
+    """Stands in for a finished block: returns its input hidden states or, given ``keys`` and ``outputs`` (the last
+    block), the output the block gave for the batch whose first-block input equals this call's hidden states."""
 
-    def __init__(self, like: Any, outputs: Optional[list[Any]] = None) -> None:
+    def __init__(self, like: Any, outputs: Optional[list[Any]] = None,
+                 keys: Optional[list[torch.Tensor]] = None) -> None:
         super().__init__()
         self._like_tuple = not isinstance(like, torch.Tensor)
-        self._outputs = outputs
-        self._calls = 0
+        self._outputs, self._keys = outputs, keys
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._outputs is not None:
-            out = self._outputs[self._calls]
-            self._calls += 1
-            return out
-        hidden = args[0] if args else kwargs["hidden_states"]
-        return (hidden,) if self._like_tuple else hidden
+        hidden = _hidden(args, kwargs)
+        if self._outputs is None:
+            return (hidden,) if self._like_tuple else hidden
+        for key, out in zip(self._keys, self._outputs):
+            if key.shape == hidden.shape and torch.equal(key, hidden):
+                return out
+        raise RuntimeError("quantize_pretrained: the model ran the blocks on hidden states of no calibration batch")
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -264,8 +294,8 @@ def quantize_pretrained(src: Union[str, os.PathLike], dst: Union[str, os.PathLik
         raise ValueError("data is empty: quantize_pretrained needs at least one calibration batch")
     steps = _steps(config)
     model_config, cls = _config_and_class(src)
-    shards = _Shards(src)
     model = _skeleton(model_config, cls)
+    shards = _Shards(src, _renames(model))
     names = [n for n, _ in _resolve_blocks(model, blocks)]
     select = filter_fn or (lambda m, n: isinstance(m, nn.Linear))
     report = SequentialReport(blocks=names)
@@ -277,6 +307,7 @@ def quantize_pretrained(src: Union[str, os.PathLike], dst: Union[str, os.PathLik
     with _atomic_directory(dst) as out, _no_cache(model):
         weight_map: dict[str, str] = {}
         inputs = _capture_inputs(model, model.get_submodule(names[0]), batches)
+        first_hidden = [_hidden(a, k) for a, k in inputs]
         bar = make_bar(len(names), enabled=progress, desc="quantize_pretrained", unit="block")
         outputs: list[Any] = []
         for i, name in enumerate(names):
@@ -296,7 +327,7 @@ def quantize_pretrained(src: Union[str, os.PathLike], dst: Union[str, os.PathLik
             bar.advance()
         bar.close()
         # the layers outside the blocks: the model replays the last block's outputs
-        _replace(model, names[-1], _Replay(outputs[0], outputs))
+        _replace(model, names[-1], _Replay(outputs[0], outputs, first_hidden))
 
         def outside(m: nn.Module, n: str) -> bool:
             return select(m, n) and not in_block(n)
