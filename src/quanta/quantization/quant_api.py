@@ -348,7 +348,8 @@ def quantize_(model: nn.Module, config: AOBaseConfig, filter_fn: Optional[Callab
 
     Args:
         model: the model; modified in place.
-        config: one of the configs above, or :class:`ModuleFqnToConfig`.
+        config: one of the configs above, :class:`ModuleFqnToConfig`, or a :class:`CalibrationConfig`
+            (``GPTQConfig``, ``AWQConfig``, ``SmoothQuantConfig``) at one of its two steps.
         filter_fn: ``filter_fn(module, fqn) -> bool`` selects modules (default: ``nn.Linear``).
             With ``ModuleFqnToConfig``, modules named in the mapping are selected too.
         device: move each selected module there before quantizing.
