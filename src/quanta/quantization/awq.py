@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from quanta.quantization.observed import check_base_config, check_step
-from quanta.quantization.quant_api import AOBaseConfig, CalibrationConfig, Int4WeightOnlyConfig, LayerNotQuantizable
+from quanta.quantization.quant_api import AOBaseConfig, CalibrationConfig, Int4WeightOnlyConfig
 from quanta.quantization.smoothing import InputStatistics, convert_smoothing, prepare_smoothing, round_scale
 
 __all__ = ["AWQConfig", "awq_scale_search"]
@@ -108,12 +108,4 @@ class AWQConfig(CalibrationConfig):
                                         self.scale_search_space_size)[0]
             return convert_smoothing(model, selected, report, base_config=self.base_config, choose_scale=choose,
                                      what="AWQConfig")
-        linears = []
-        for fqn, module in selected:
-            if isinstance(module, nn.Linear):
-                linears.append((fqn, module))
-                report.observed.append(fqn)
-            else:
-                report.skipped[fqn] = str(LayerNotQuantizable(f"AWQ applies to nn.Linear layers, not "
-                                                              f"{type(module).__name__}"))
-        return [prepare_smoothing(model, linears, gram=True, sample_rows=0)]
+        return prepare_smoothing(model, selected, report, what="AWQConfig", gram=True, sample_rows=0)

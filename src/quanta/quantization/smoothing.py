@@ -118,16 +118,25 @@ class _Prepared:
         self.handles.clear()
 
 
-def prepare_smoothing(model: nn.Module, selected: list[tuple[str, nn.Module]], *, gram: bool,
-                      sample_rows: int) -> Callable[[], None]:
-    """The first step: observers on the selected Linears, producer tracking, the first batch recorded."""
+def prepare_smoothing(model: nn.Module, selected: list[tuple[str, nn.Module]], report: QuantizeReport, *,
+                      what: str, gram: bool, sample_rows: int) -> list[Callable[[], None]]:
+    """The first step: observers on the selected Linears (others are listed in ``report.skipped``), producer
+    tracking, the first batch recorded; returned as the change to make."""
+    linears = []
+    for fqn, module in selected:
+        if isinstance(module, nn.Linear):
+            linears.append((fqn, module))
+            report.observed.append(fqn)
+        else:
+            report.skipped[fqn] = f"{what} applies to nn.Linear layers, not {type(module).__name__}"
+
     def attach() -> None:
         old = model.__dict__.pop(_STATE, None)
         if old is not None:
             old.remove_hooks()
         state = _Prepared()
         outputs: dict[int, tuple[str, weakref.ref]] = {}
-        for fqn, module in selected:
+        for fqn, module in linears:
             stats = state.stats[fqn] = InputStatistics(module.in_features, gram=gram, sample_rows=sample_rows)
             state.handles.append(module.register_forward_pre_hook(
                 lambda _m, args, kwargs, st=stats: st.update(args[0] if args else kwargs["input"])
@@ -156,7 +165,7 @@ def prepare_smoothing(model: nn.Module, selected: list[tuple[str, nn.Module]], *
             outputs.clear()  # ids from an earlier call are not this call's tensors
         state.handles.append(model.register_forward_pre_hook(record_batch, with_kwargs=True))
         model.__dict__[_STATE] = state
-    return attach
+    return [attach]
 
 
 @dataclass

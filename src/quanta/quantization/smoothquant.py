@@ -43,7 +43,6 @@ from quanta.quantization.quant_api import (
     AOBaseConfig,
     CalibrationConfig,
     Int8DynamicActivationInt8WeightConfig,
-    LayerNotQuantizable,
 )
 from quanta.quantization.smoothing import InputStatistics, convert_smoothing, prepare_smoothing
 
@@ -100,15 +99,8 @@ class SmoothQuantConfig(CalibrationConfig):
         if self.step == "convert":
             return convert_smoothing(model, selected, report, base_config=self.base_config,
                                      choose_scale=self._scale, what="SmoothQuantConfig")
-        linears = []
-        for fqn, module in selected:
-            if isinstance(module, nn.Linear):
-                linears.append((fqn, module))
-                report.observed.append(fqn)
-            else:
-                report.skipped[fqn] = str(LayerNotQuantizable(f"SmoothQuant applies to nn.Linear layers, not "
-                                                              f"{type(module).__name__}"))
-        return [prepare_smoothing(model, linears, gram=False, sample_rows=_REPORT_ROWS)]
+        return prepare_smoothing(model, selected, report, what="SmoothQuantConfig", gram=False,
+                                 sample_rows=_REPORT_ROWS)
 
     def _scale(self, modules: list[nn.Module], weights: list[torch.Tensor], consumers: list[torch.Tensor],
                stats: list[InputStatistics]) -> torch.Tensor:
