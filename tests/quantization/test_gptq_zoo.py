@@ -1,5 +1,6 @@
 """GPTQ on the zoo's decoder LLMs (transformers' classes, small random configs), block by block: every Linear's
-output error on held-out tokens and the logits' SQNR both better than round to nearest, at int4 and int3.
+(and GPT-2's Conv1D's) output error on held-out tokens and the logits' SQNR both better than round to nearest, at
+int4 and int3.
 
 The zoo's hidden size is 32, so the groups are 32 wide here; ``bench/bench_llm_algorithms.py`` runs the same
 architectures at hidden 256 with groups of 128.
@@ -24,9 +25,10 @@ from quanta.quantization import (  # noqa: E402
     quantize_,
     quantize_sequential,
 )
+from quanta.quantization.linear_like import is_linear_like, linear_weight  # noqa: E402
 from zoo_models import build  # noqa: E402
 
-DECODERS = ["llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "opt", "gpt_neox", "falcon"]
+DECODERS = ["llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "opt", "gpt_neox", "falcon", "gpt2"]
 
 
 def _linear_inputs(model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
@@ -36,7 +38,7 @@ def _linear_inputs(model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
         def hook(_m, args):
             seen[name] = args[0].reshape(-1, args[0].shape[-1])
         return hook
-    handles = [m.register_forward_pre_hook(keep(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    handles = [m.register_forward_pre_hook(keep(n)) for n, m in model.named_modules() if is_linear_like(m)]
     with torch.no_grad():
         model(**batch)
     for h in handles:
@@ -69,8 +71,8 @@ def test_gptq_beats_round_to_nearest_on_every_layer_and_on_the_logits(name):
         assert set(report.quantized) == set(xs) and not report.skipped  # every Linear, lm_head included
         r, g = dict(rtn.named_modules()), dict(gptq.named_modules())
         for n, x in xs.items():
-            w = float_layers[n].weight.detach()
-            err_rtn = (x @ (r[n].weight.dequantize() - w).t()).pow(2).mean()
-            err_gptq = (x @ (g[n].weight.dequantize() - w).t()).pow(2).mean()
+            w = linear_weight(float_layers[n])  # [out, in] (GPT-2's Conv1D stores the transpose)
+            err_rtn = (x @ (linear_weight(r[n]).dequantize() - w).t()).pow(2).mean()
+            err_gptq = (x @ (linear_weight(g[n]).dequantize() - w).t()).pow(2).mean()
             assert err_gptq < err_rtn, (n, float(err_gptq / err_rtn))
         assert sqnr(gptq) > sqnr(rtn) + 0.2  # measured: +0.4 to +3.3 dB

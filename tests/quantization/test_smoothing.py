@@ -285,3 +285,29 @@ def test_every_base_config(algorithm, base):
             assert inner._layout == plain._layout
     if algorithm is AWQConfig:  # the search includes round to nearest: never worse on its own data
         assert all(awq <= r * (1 + 1e-6) for r, awq in report.output_mse.values())
+
+
+def test_gpt2_conv1d_layers():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=200, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    model = _outliers(transformers.GPT2LMHeadModel(cfg).eval())
+    ref, rtn = copy.deepcopy(model), copy.deepcopy(model)
+    data = [torch.randint(0, 200, (2, 32), generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    report = quantize_sequential(model, SQ("prepare"), data, progress=False)
+    quantize_(rtn, Int8DynamicActivationInt8WeightConfig())
+    h0 = "transformer.h.0."
+    # c_attn reads ln_1 alone, c_fc ln_2 alone: folded; c_proj's inputs come from no single op, and a Conv1D
+    # cannot keep the scale in its weight (its addmm does not divide the input): quantized without one
+    assert report.scale_folded_into[h0 + "attn.c_attn"] == h0 + "ln_1"
+    assert report.scale_folded_into[h0 + "mlp.c_fc"] == h0 + "ln_2"
+    assert h0 + "attn.c_proj" not in report.scale_folded_into and report.notes[h0 + "attn.c_proj"]
+    for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+        assert isinstance(model.get_submodule(h0 + name).weight, LinearActivationQuantizedTensor)
+    x = torch.randint(0, 200, (2, 20))
+    with torch.no_grad():
+        out, expected, plain = model(x).logits, ref(x).logits, rtn(x).logits
+
+    def sqnr(a):
+        return float(10 * torch.log10(expected.pow(2).mean() / (a - expected).pow(2).mean()))
+    assert sqnr(out) > sqnr(plain) + 1  # measured 34.6 vs 31.2 dB

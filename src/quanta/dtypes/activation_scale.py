@@ -12,7 +12,8 @@ input by it before the quantized weight sees it (torchao's class of the same nam
 ``original_weight_tensor`` is any quanta quantized weight (an
 :class:`~quanta.dtypes.AffineQuantizedTensor`, or a
 :class:`~quanta.dtypes.LinearActivationQuantizedTensor`, which then quantizes
-``x / scale`` per token). Other uses of the tensor act on ``dequantize()``.
+``x / scale`` per token). Other uses of the tensor act on ``dequantize()`` (a float copy, after a warning
+once per operation; in-place changes raise ``TypeError``).
 
 >>> import torch
 >>> from quanta.dtypes import AffineQuantizedTensor
@@ -29,6 +30,7 @@ input by it before the quantized weight sees it (torchao's class of the same nam
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -41,6 +43,7 @@ __all__ = ["WeightTensorWithLinearActivationScaleMetadata"]
 
 aten = torch.ops.aten
 _LINEAR = {F.linear, torch._C._nn.linear}
+_WARNED: set[str] = set()
 
 
 class WeightTensorWithLinearActivationScaleMetadata(torch.Tensor):
@@ -122,6 +125,14 @@ class WeightTensorWithLinearActivationScaleMetadata(torch.Tensor):
                 scale_kwargs = {k: v for k, v in kwargs.items() if k in ("device", "copy")}
                 scale = func(w.scale, *args[1:], **scale_kwargs)
                 return cls._make(inner, scale)
+
+        if func._schema.is_mutable:
+            raise TypeError(f"{func} would modify a {cls.__name__} in place; its codes are read-only")
+        name = str(func)
+        if name not in _WARNED:  # a transposed or sliced weight would silently be a float copy
+            _WARNED.add(name)
+            warnings.warn(f"quanta: {name} has no implementation for {cls.__name__}; it runs on the dequantized "
+                          "tensor (a float copy). This warning is shown once per operation.", stacklevel=3)
 
         def unwrap(a):
             return a.dequantize() if isinstance(a, cls) else a

@@ -50,6 +50,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from quanta.quantization.linear_like import in_features, is_linear_like, linear_weight, stored_weight
 from quanta.quantization.observed import (
     HessianObserver,
     attach_observer,
@@ -227,8 +228,9 @@ class GPTQConfig(CalibrationConfig):
         changes = []
         for fqn, module in selected:
             try:
-                if not isinstance(module, nn.Linear):
-                    raise LayerNotQuantizable(f"GPTQ quantizes nn.Linear layers, not {type(module).__name__}")
+                if not is_linear_like(module):
+                    raise LayerNotQuantizable(f"GPTQ quantizes nn.Linear (and Conv1D) layers, not "
+                                              f"{type(module).__name__}")
                 if self.step == "observe":
                     changes.append(self._observe(module))
                     report.observed.append(fqn)
@@ -243,18 +245,18 @@ class GPTQConfig(CalibrationConfig):
         return changes
 
     @staticmethod
-    def _observe(module: nn.Linear) -> Callable[[], None]:
-        obs = HessianObserver(module.in_features)
+    def _observe(module: nn.Module) -> Callable[[], None]:
+        obs = HessianObserver(in_features(module))
         return lambda: attach_observer(module, _OBSERVER, obs, obs.update)
 
-    def _convert(self, fqn: str, module: nn.Linear, report: QuantizeReport) -> Callable[[], None]:
+    def _convert(self, fqn: str, module: nn.Module, report: QuantizeReport) -> Callable[[], None]:
         entry = module.__dict__.get(_OBSERVER)
         if entry is None:
             raise LayerNotQuantizable("not observed: run quantize_ with GPTQConfig(step='observe') first")
         obs = entry[0]
         if obs.count == 0:
             raise LayerNotQuantizable("GPTQ saw no calibration input for this layer")
-        weight = module.weight.detach()
+        weight = linear_weight(module)
         grid = WeightGrid(self.base_config, module, weight)  # LayerNotQuantizable if the base config refuses
         result = gptq_quantize(weight, obs.hessian(), grid, percdamp=self.percdamp,
                                block_size=self.gptq_quantize_block_size, act_order=self.act_order)
@@ -263,7 +265,7 @@ class GPTQConfig(CalibrationConfig):
             report.notes[fqn] = result.notes
 
         def install() -> None:
-            module.weight = nn.Parameter(result.tensor, requires_grad=False)
+            module.weight = nn.Parameter(stored_weight(module, result.tensor), requires_grad=False)
             detach_observer(module, _OBSERVER)
 
         return install

@@ -54,6 +54,7 @@ from torch import nn
 
 from quanta._progress import make_bar
 from quanta.dtypes.serialization import FORMAT_VERSION, load_quantized, save_quantized
+from quanta.quantization.linear_like import is_linear_like
 from quanta.quantization.quant_api import AOBaseConfig
 from quanta.quantization.sequential import (
     SequentialReport,
@@ -273,7 +274,8 @@ def quantize_pretrained(src: Union[str, os.PathLike], dst: Union[str, os.PathLik
             ``SmoothQuantConfig(...)`` or a plain config for round to nearest).
         data: calibration batches, as the model takes them (``model(batch)``, ``model(*batch)``, ``model(**batch)``).
         blocks: names of the blocks in the order the model runs them (default: the model's repeated layers).
-        filter_fn: ``filter_fn(module, fqn) -> bool`` selects the layers to quantize (default: ``nn.Linear``).
+        filter_fn: ``filter_fn(module, fqn) -> bool`` selects the layers to quantize (default: ``nn.Linear`` and
+            transformers ``Conv1D``).
         progress: a progress bar per block (tqdm or rich, if installed).
 
     Returns:
@@ -297,7 +299,7 @@ def quantize_pretrained(src: Union[str, os.PathLike], dst: Union[str, os.PathLik
     model = _skeleton(model_config, cls)
     shards = _Shards(src, _renames(model))
     names = [n for n, _ in _resolve_blocks(model, blocks)]
-    select = filter_fn or (lambda m, n: isinstance(m, nn.Linear))
+    select = filter_fn or (lambda m, n: is_linear_like(m))
     report = SequentialReport(blocks=names)
 
     def in_block(n: str) -> bool:

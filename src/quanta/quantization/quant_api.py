@@ -55,10 +55,12 @@ from quanta.dtypes import (
     PlainLayout,
     UintxLayout,
 )
+from quanta.dtypes.activation_scale import WeightTensorWithLinearActivationScaleMetadata
 from quanta.dtypes.layouts import SUB_BYTE_DTYPES
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor, check_int8_dynamic_weight
 from quanta.kernels.int_linear import check_int4_cpu_shape
 from quanta.quantization.granularity import Granularity, PerAxis, PerRow, block_size_for
+from quanta.quantization.linear_like import is_conv1d, is_linear_like, linear_weight, stored_weight
 from quanta.quantization.quant_primitives import MappingType, ZeroPointDomain
 
 __all__ = [
@@ -186,8 +188,8 @@ class Int8DynamicActivationInt8WeightConfig(AOBaseConfig):
     set_inductor_config: bool = True
 
     def quantize_weight(self, weight, module):
-        if not isinstance(module, nn.Linear):
-            raise LayerNotQuantizable(f"dynamic activation quantization applies to nn.Linear, not "
+        if not is_linear_like(module):
+            raise LayerNotQuantizable(f"dynamic activation quantization applies to nn.Linear (and Conv1D), not "
                                       f"{type(module).__name__}")
         _weight_2d(weight, "Int8DynamicActivationInt8WeightConfig")
         if not isinstance(self.granularity, (PerRow, PerAxis)) or block_size_for(self.granularity, weight.shape) != (
@@ -339,7 +341,7 @@ class QuantizeReport:
 
 
 def _is_linear(module: nn.Module, fqn: str) -> bool:
-    return isinstance(module, nn.Linear)
+    return is_linear_like(module)
 
 
 def quantize_(model: nn.Module, config: AOBaseConfig, filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
@@ -350,7 +352,8 @@ def quantize_(model: nn.Module, config: AOBaseConfig, filter_fn: Optional[Callab
         model: the model; modified in place.
         config: one of the configs above, :class:`ModuleFqnToConfig`, or a :class:`CalibrationConfig`
             (``GPTQConfig``, ``AWQConfig``, ``SmoothQuantConfig``) at one of its two steps.
-        filter_fn: ``filter_fn(module, fqn) -> bool`` selects modules (default: ``nn.Linear``).
+        filter_fn: ``filter_fn(module, fqn) -> bool`` selects modules (default: ``nn.Linear``, and
+            transformers' ``Conv1D``, whose transposed weight is quantized as ``[out, in]``).
             With ``ModuleFqnToConfig``, modules named in the mapping are selected too.
         device: move each selected module there before quantizing.
         strict: raise ``ValueError`` (changing nothing) if any selected layer cannot be quantized,
@@ -395,14 +398,18 @@ def quantize_(model: nn.Module, config: AOBaseConfig, filter_fn: Optional[Callab
         try:
             if not isinstance(weight, torch.Tensor):
                 raise LayerNotQuantizable(f"{type(module).__name__} has no weight tensor")
-            if isinstance(weight, (AffineQuantizedTensor, LinearActivationQuantizedTensor)):
+            if isinstance(weight, (AffineQuantizedTensor, LinearActivationQuantizedTensor,
+                                   WeightTensorWithLinearActivationScaleMetadata)):
                 raise LayerNotQuantizable("its weight is already quantized")
             if weight.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
                 raise LayerNotQuantizable(f"its weight has dtype {weight.dtype}, not a float dtype")
             if device is not None:
                 module.to(device)
                 weight = module.weight
-            plan.append((module, cfg.quantize_weight(weight.detach(), module)))
+            if is_conv1d(module):
+                plan.append((module, stored_weight(module, cfg.quantize_weight(linear_weight(module), module))))
+            else:
+                plan.append((module, cfg.quantize_weight(weight.detach(), module)))
             report.quantized.append(fqn)
         except LayerNotQuantizable as e:
             report.skipped[fqn] = str(e)

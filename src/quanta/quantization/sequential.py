@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from quanta._progress import make_bar
+from quanta.quantization.linear_like import is_linear_like
 from quanta.quantization.quant_api import AOBaseConfig, CalibrationConfig, ModuleFqnToConfig, QuantizeReport, quantize_
 
 __all__ = ["quantize_sequential", "SequentialReport", "find_blocks"]
@@ -65,7 +66,8 @@ class SequentialReport(QuantizeReport):
 
 
 def find_blocks(model: nn.Module) -> list[str]:
-    """Names of the model's repeated blocks: the children of its largest ``nn.ModuleList`` of one class.
+    """Names of the model's repeated blocks: the children of its largest ``nn.ModuleList`` of one class holding
+    Linear (or Conv1D) layers.
 
     That finds transformers' decoder and encoder layers (``model.layers``, ``transformer.h``,
     ``encoder.layer``...) and the usual hand-written stacks.
@@ -76,7 +78,7 @@ def find_blocks(model: nn.Module) -> list[str]:
     best: tuple[int, str, nn.ModuleList] | None = None
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) > 0 \
-                and len({type(m) for m in module}) == 1 and any(isinstance(m, nn.Linear) for m in module.modules()):
+                and len({type(m) for m in module}) == 1 and any(is_linear_like(m) for m in module.modules()):
             size = sum(p.numel() for p in module.parameters())
             if best is None or size > best[0]:
                 best = (size, name, module)
@@ -189,7 +191,7 @@ def quantize_sequential(model: nn.Module, config: AOBaseConfig, data: Iterable[A
             which finds transformers' decoder layers). Each block must take the hidden states as its first
             positional argument (or ``hidden_states=``) and return them first.
         filter_fn: ``filter_fn(module, fqn) -> bool`` selects the layers to quantize, ``fqn`` relative to
-            ``model`` (default: every ``nn.Linear``).
+            ``model`` (default: every ``nn.Linear`` and transformers ``Conv1D``).
         progress: a progress bar per block (tqdm or rich, if installed).
 
     Returns:
@@ -210,7 +212,7 @@ def quantize_sequential(model: nn.Module, config: AOBaseConfig, data: Iterable[A
         raise ValueError("data is empty: quantize_sequential needs at least one calibration batch")
     first, second = _steps(config)
     block_list = _resolve_blocks(model, blocks)
-    select = filter_fn or (lambda m, n: isinstance(m, nn.Linear))
+    select = filter_fn or (lambda m, n: is_linear_like(m))
     report = SequentialReport(blocks=[n for n, _ in block_list])
     in_blocks = {n for n, _ in block_list}
 
