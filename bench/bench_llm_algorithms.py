@@ -6,7 +6,7 @@ tokens than a layer has inputs), metric the mean cosine of the sentence embeddin
 AWQ run block by block (``quantize_sequential``); the ``layers`` column counts the Linear layers whose output error
 on the *held-out* sentences (float inputs) is below round to nearest's.
 
-Part 2, decoder LLMs with random weights: transformers' Llama, Qwen2, Phi-3, Gemma and Falcon at hidden 256 (two
+Part 2, decoder LLMs with random weights: transformers' Llama, Qwen2, Phi-3, Gemma, Falcon and GPT-2 at hidden 256 (two
 layers), the norms' weights drawn log-normal so that some channels carry outliers as in trained LLMs (a plain
 random init has none, and AWQ and SmoothQuant have nothing to act on); metric the SQNR of the logits to the float
 model's on held-out tokens.
@@ -53,6 +53,7 @@ from quanta.quantization import (  # noqa: E402
     quantize_,
     quantize_sequential,
 )
+from quanta.quantization.linear_like import is_linear_like, linear_weight  # noqa: E402
 
 BASES = {
     "int4 g128": Int4WeightOnlyConfig(group_size=128),
@@ -116,7 +117,7 @@ def _torchao(model: nn.Module, base: str, algorithm: str, calibration: list) -> 
 def _linear_inputs(model: nn.Module, batches: list) -> dict[str, torch.Tensor]:
     seen: dict[str, list[torch.Tensor]] = {}
     handles = [m.register_forward_pre_hook(lambda _m, a, n=n: seen.setdefault(n, []).append(
-        a[0].reshape(-1, a[0].shape[-1]))) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        a[0].reshape(-1, a[0].shape[-1]))) for n, m in model.named_modules() if is_linear_like(m)]
     with torch.no_grad():
         for b in batches:
             model(**b)
@@ -129,10 +130,10 @@ def _layers_better(model, quantized, rtn, inputs) -> str:
     mods, q, r = dict(model.named_modules()), dict(quantized.named_modules()), dict(rtn.named_modules())
     better = 0
     for name, x in inputs.items():
-        w = mods[name].weight.detach().float()
+        w = linear_weight(mods[name]).float()
 
         def err(m):
-            return float((x.float() @ (m[name].weight.dequantize().float() - w).t()).pow(2).mean())
+            return float((x.float() @ (linear_weight(m[name]).dequantize().float() - w).t()).pow(2).mean())
         better += err(q) < err(r)
     return f"{better}/{len(inputs)}"
 
@@ -190,6 +191,8 @@ def _decoders():
         "Gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**common, num_key_value_heads=2, head_dim=32)),
         "Falcon": lambda: T.FalconForCausalLM(T.FalconConfig(hidden_size=256, num_hidden_layers=2,
                                                              num_attention_heads=8, vocab_size=1000)),
+        "GPT-2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=256, n_layer=2, n_head=8, vocab_size=1000,
+                                                        n_positions=128)),
     }
 
 
@@ -209,7 +212,8 @@ def part2() -> None:
         with torch.no_grad():
             for mname, m in model.named_modules():
                 w = getattr(m, "weight", None)
-                if "norm" in type(m).__name__.lower() and isinstance(w, nn.Parameter) and w.dim() == 1:
+                if ("norm" in type(m).__name__.lower() or isinstance(m, nn.LayerNorm)) and isinstance(w, nn.Parameter) \
+                        and w.dim() == 1:
                     w.copy_(torch.exp(torch.randn(w.shape, generator=g)))
         calibration = [{"input_ids": torch.randint(0, 1000, (4, 64), generator=g)} for _ in range(8)]
         held_out = torch.randint(0, 1000, (4, 48), generator=g)

@@ -50,8 +50,8 @@ def _linear_inputs(model: nn.Module, batches) -> dict[str, torch.Tensor]:
     return {n: torch.cat(v) for n, v in seen.items()}
 
 
-@pytest.mark.parametrize("base", [Int4WeightOnlyConfig(group_size=128), IntxWeightOnlyConfig(torch.int3, PerGroup(128))],
-                         ids=["int4-g128", "int3-g128"])
+@pytest.mark.parametrize("base", [Int4WeightOnlyConfig(group_size=128),
+                                  IntxWeightOnlyConfig(torch.int3, PerGroup(128))], ids=["int4-g128", "int3-g128"])
 def test_gptq_beats_round_to_nearest_on_every_layer_and_on_the_embeddings(minilm, base):
     model, half, other_half = minilm
     calibration, evaluation = corpus_batches(), half + other_half

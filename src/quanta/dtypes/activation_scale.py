@@ -68,8 +68,8 @@ class WeightTensorWithLinearActivationScaleMetadata(torch.Tensor):
                              f"{scale if not isinstance(scale, torch.Tensor) else (tuple(scale.shape), scale.dtype)}")
         if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
             raise ValueError("scale must be positive and finite")
-        return torch.Tensor._make_wrapper_subclass(cls, original_weight_tensor.shape, dtype=original_weight_tensor.dtype,
-                                                   device=original_weight_tensor.device, requires_grad=False)
+        w = original_weight_tensor
+        return torch.Tensor._make_wrapper_subclass(cls, w.shape, dtype=w.dtype, device=w.device, requires_grad=False)
 
     def __init__(self, original_weight_tensor: torch.Tensor, scale: torch.Tensor) -> None:
         self.original_weight_tensor = original_weight_tensor

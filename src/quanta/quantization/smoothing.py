@@ -298,8 +298,8 @@ def convert_smoothing(model: nn.Module, selected: list[tuple[str, nn.Module]], r
     """The second step: a scale per group, folds where exact, then the base config's quantized weights.
 
     ``choose_scale(selected modules, their weights, every consumer's weight, the selected layers' statistics)
-    -> s`` is the algorithm (weights as tensors: the current values, folds of earlier groups included). Nothing changes until the returned changes run:
-    the folded float parameters, then the quantized weights.
+    -> s`` is the algorithm (weights ``[out, in]``: the current values, folds of earlier groups included).
+    Nothing changes until the returned changes run: the folded float parameters, then the quantized weights.
     """
     state: Optional[_Prepared] = model.__dict__.get(_STATE)
     if state is None:

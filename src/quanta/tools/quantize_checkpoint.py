@@ -80,8 +80,8 @@ def token_batches(path: str | os.PathLike, checkpoint: str | os.PathLike, *, seq
 
         data = torch.from_numpy(np.load(path)) if path.endswith(".npy") else torch.load(path, weights_only=True)
         if not isinstance(data, torch.Tensor) or data.dim() != 2 or data.dtype.is_floating_point:
-            raise ValueError(f"--calib {path!r} must hold an integer tensor of token ids [samples, length], got "
-                             f"{type(data).__name__ if not isinstance(data, torch.Tensor) else (data.dtype, tuple(data.shape))}")
+            got = (data.dtype, tuple(data.shape)) if isinstance(data, torch.Tensor) else type(data).__name__
+            raise ValueError(f"--calib {path!r} must hold an integer tensor of token ids [samples, length], got {got}")
         windows = data.long()
     else:
         from transformers import AutoTokenizer
