@@ -1,0 +1,153 @@
+"""pytorch_quantization's quantized modules (quanta.tensor_quant.nn) and quant_modules.initialize/deactivate."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quanta.tensor_quant import QuantDescriptor, fake_tensor_quant, quant_modules
+from quanta.tensor_quant import nn as quant_nn
+
+
+def _fq(x, amax, bits=8):
+    return fake_tensor_quant(x, amax, num_bits=bits, unsigned=False, narrow_range=False)
+
+
+@pytest.fixture(autouse=True)
+def _restore_defaults():
+    saved = {c: (c.__dict__.get("default_quant_desc_input"), c.__dict__.get("default_quant_desc_weight"))
+             for c in (quant_nn.QuantLinear, quant_nn.QuantConv2d, quant_nn.QuantMaxPool2d)}
+    yield
+    for c, (i, w) in saved.items():
+        for name, v in (("default_quant_desc_input", i), ("default_quant_desc_weight", w)):
+            if v is None:
+                if name in c.__dict__:
+                    delattr(c, name)
+            else:
+                setattr(c, name, v)
+    quant_modules.deactivate()
+
+
+def test_quant_linear_is_linear_on_fake_quantized_input_and_weight():
+    torch.manual_seed(0)
+    layer = quant_nn.QuantLinear(16, 8)
+    x = torch.randn(4, 16)
+    w = layer.weight.detach()
+    expected = F.linear(_fq(x, x.abs().max()), _fq(w, w.abs().amax(1, keepdim=True)), layer.bias)
+    assert torch.equal(layer(x), expected)
+    assert isinstance(layer, nn.Linear) and quant_nn.Linear is quant_nn.QuantLinear
+
+
+def test_quant_conv2d_quantizes_the_weight_per_output_channel():
+    torch.manual_seed(0)
+    conv = quant_nn.QuantConv2d(3, 4, 3, padding=1, padding_mode="circular")
+    x = torch.randn(2, 3, 8, 8)
+    w = conv.weight.detach()
+    ref = nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular")
+    ref.load_state_dict({"weight": _fq(w, w.abs().amax((1, 2, 3), keepdim=True)), "bias": conv.bias.detach()})
+    assert torch.equal(conv(x), ref(_fq(x, x.abs().max())))
+
+
+def test_quant_conv_transpose_takes_output_size():
+    torch.manual_seed(0)
+    conv = quant_nn.QuantConvTranspose2d(3, 4, 3, stride=2)
+    x = torch.randn(1, 3, 5, 5)
+    w = conv.weight.detach()
+    expected = F.conv_transpose2d(_fq(x, x.abs().max()), _fq(w, w.abs().amax((1, 2, 3), keepdim=True)), conv.bias,
+                                  stride=2, output_padding=1)
+    assert torch.equal(conv(x, output_size=[12, 12]), expected)
+
+
+@pytest.mark.parametrize("cls,base,args,shape", [
+    (quant_nn.QuantMaxPool1d, nn.MaxPool1d, (2,), (1, 3, 8)),
+    (quant_nn.QuantAvgPool2d, nn.AvgPool2d, (2,), (1, 3, 8, 8)),
+    (quant_nn.QuantAdaptiveAvgPool3d, nn.AdaptiveAvgPool3d, ((2, 2, 2),), (1, 2, 4, 4, 4)),
+])
+def test_pooling_runs_on_the_fake_quantized_input(cls, base, args, shape):
+    x = torch.randn(*shape)
+    pool = cls(*args, quant_desc_input=QuantDescriptor(num_bits=4))
+    assert isinstance(pool, base) and not hasattr(pool, "weight_quantizer")
+    assert torch.equal(pool(x), base(*args)(_fq(x, x.abs().max(), bits=4)))
+
+
+def test_descriptors_from_keywords_and_class_defaults():
+    layer = quant_nn.QuantLinear(4, 2, quant_desc_input=QuantDescriptor(num_bits=4),
+                                 quant_desc_weight=QuantDescriptor(num_bits=6, axis=0))
+    assert layer.input_quantizer.num_bits == 4 and layer.weight_quantizer.num_bits == 6
+    quant_nn.QuantLinear.set_default_quant_desc_input(QuantDescriptor(num_bits=5, unsigned=True))
+    later = quant_nn.QuantLinear(4, 2)
+    assert later.input_quantizer.num_bits == 5 and later.input_quantizer.unsigned
+    assert quant_nn.QuantConv2d(1, 1, 1).input_quantizer.num_bits == 8  # another class keeps its own
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"quant_desc_bias": QuantDescriptor()}, TypeError, "unused keyword"),
+    ({"quant_desc_input": 8}, TypeError, "QuantDescriptor"),
+    ({"quant_desc_weight": QuantDescriptor(fake_quant=False)}, ValueError, "fake quantization"),
+])
+def test_bad_descriptors_are_refused(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        quant_nn.QuantLinear(4, 2, **kwargs)
+    with pytest.raises(TypeError, match="QuantDescriptor"):
+        quant_nn.QuantConv2d.set_default_quant_desc_weight("per-channel")
+
+
+def test_the_calibration_loop_sets_static_amax():
+    torch.manual_seed(0)
+    model = nn.Sequential(quant_nn.QuantConv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), quant_nn.QuantLinear(4 * 6 * 6, 5))
+    quantizers = [m for m in model.modules() if isinstance(m, quant_nn.TensorQuantizer)]
+    data = [torch.randn(2, 3, 8, 8) * (i + 1) for i in range(3)]
+    for q in quantizers:
+        q.disable_quant()
+        q.enable_calib()
+    with torch.no_grad():
+        for x in data:
+            model(x)
+    for q in quantizers:
+        q.load_calib_amax()
+        q.enable_quant()
+        q.disable_calib()
+    assert torch.equal(model[0].input_quantizer.amax, torch.stack([x.abs().max() for x in data]).max())
+    w = model[3].weight.detach()
+    assert torch.equal(model[3].weight_quantizer.amax.flatten(), w.abs().amax(1))
+    state = model.state_dict()
+    assert "0._input_quantizer._amax" in state and "3._weight_quantizer._amax" in state
+    fresh = copy.deepcopy(model)
+    assert torch.equal(fresh(data[0]), model(data[0]))
+
+
+def test_quant_modules_swaps_torch_nn_and_back():
+    float_linear = torch.nn.Linear
+    quant_modules.initialize()
+    try:
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
+        assert [type(m).__name__ for m in model] == ["QuantConv2d", "QuantMaxPool2d", "Flatten", "QuantLinear"]
+        with pytest.raises(RuntimeError, match="already active"):
+            quant_modules.initialize()
+    finally:
+        quant_modules.deactivate()
+    assert torch.nn.Linear is float_linear and type(nn.Linear(2, 2)) is float_linear
+    quant_modules.deactivate()  # a second time does nothing
+
+
+def test_quant_modules_options_and_context_manager():
+    with quant_modules.initialize(float_module_list=["Linear"]):
+        assert type(nn.Linear(2, 2)).__name__ == "Linear" and type(nn.Conv1d(1, 1, 1)).__name__ == "QuantConv1d"
+    assert nn.Conv1d.__name__ == "Conv1d"
+
+    class MyQuantLinear(quant_nn.QuantLinear):
+        pass
+    with pytest.raises(ZeroDivisionError):
+        with quant_modules.initialize(custom_quant_modules=[(torch.nn, "Linear", MyQuantLinear)]):
+            assert type(nn.Linear(2, 2)) is MyQuantLinear
+            1 / 0
+    assert nn.Linear.__name__ == "Linear"  # restored on the exception too
+    with pytest.raises(ValueError, match="Dropout"):
+        quant_modules.initialize(float_module_list=["Dropout"])
+    with pytest.raises(TypeError, match="custom_quant_modules"):
+        quant_modules.initialize(custom_quant_modules=[("torch.nn", "Linear", MyQuantLinear)])
+    assert nn.Linear.__name__ == "Linear"
