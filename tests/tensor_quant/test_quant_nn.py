@@ -151,3 +151,65 @@ def test_quant_modules_options_and_context_manager():
     with pytest.raises(TypeError, match="custom_quant_modules"):
         quant_modules.initialize(custom_quant_modules=[("torch.nn", "Linear", MyQuantLinear)])
     assert nn.Linear.__name__ == "Linear"
+
+
+def _calibrated_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(quant_nn.QuantConv2d(3, 8, 3), nn.ReLU(), quant_nn.QuantMaxPool2d(2), nn.Flatten(),
+                          quant_nn.QuantLinear(8 * 3 * 3, 5)).eval()
+    quantizers = [m for m in model.modules() if isinstance(m, quant_nn.TensorQuantizer)]
+    for q in quantizers:
+        q.disable_quant()
+        q.enable_calib()
+    with torch.no_grad():
+        for i in range(4):
+            model(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(i)))
+    for q in quantizers:
+        q.load_calib_amax()
+        q.disable_calib()
+        q.enable_quant()
+    return model
+
+
+def test_onnx_export_in_tensorrt_form_runs_in_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    from quanta.tensor_quant.onnx_export import export_onnx, fb_fake_quant
+
+    model = _calibrated_cnn()
+    path = tmp_path / "cnn.onnx"
+    export_onnx(model, (torch.randn(1, 3, 8, 8),), path, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    graph = onnx.load(path).graph
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    consts.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node if n.op_type == "Constant"})
+    qs = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert len(qs) == 5  # three inputs, two weights
+    for n in qs:
+        assert (consts[n.input[2]] == 0).all() and consts[n.input[2]].dtype.name == "int8"  # symmetric int8
+    per_channel = [n for n in qs if consts[n.input[1]].size > 1]
+    assert len(per_channel) == 2 and all(a.i == 0 for n in per_channel for a in n.attribute if a.name == "axis")
+    x = torch.randn(3, 3, 8, 8)
+    got = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0]
+    with torch.no_grad(), fb_fake_quant():
+        expected = model(x)
+    np_expected = expected.numpy()
+    assert abs(got - np_expected).max() < 1e-5
+    with torch.no_grad():  # quanta's own fake quantization: the same up to a rare one-step rounding difference
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=0.05)
+
+
+def test_onnx_export_refuses_what_it_cannot_write(tmp_path):
+    from quanta.tensor_quant.onnx_export import export_onnx
+
+    path = tmp_path / "m.onnx"
+    path.write_text("old")
+    model = nn.Sequential(quant_nn.QuantLinear(4, 2))  # never calibrated: dynamic amax
+    with pytest.raises(ValueError, match="0._input_quantizer: no calibrated amax"):
+        export_onnx(model, (torch.randn(1, 4),), path)
+    with pytest.raises(ValueError, match="opset_version"):
+        export_onnx(_calibrated_cnn(), (torch.randn(1, 3, 8, 8),), path, opset_version=12)
+    with pytest.raises(TypeError, match="args"):
+        export_onnx(_calibrated_cnn(), torch.randn(1, 3, 8, 8), path)
+    assert path.read_text() == "old" and not quant_nn.TensorQuantizer.use_fb_fake_quant

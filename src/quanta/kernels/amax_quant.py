@@ -64,6 +64,7 @@ __all__ = [
     "amax_scale",
     "tensor_quant",
     "fake_tensor_quant",
+    "fake_tensor_quant_onnx",
     "e4m3_quant",
     "fake_e4m3_quant",
     "scaled_e4m3",
@@ -616,3 +617,30 @@ def clip(x: torch.Tensor, clip_value_min: torch.Tensor, clip_value_max: torch.Te
     lo = torch.as_tensor(clip_value_min, dtype=x.dtype, device=x.device)
     hi = torch.as_tensor(clip_value_max, dtype=x.dtype, device=x.device)
     return ClipFunction.apply(x, lo, hi)
+
+
+def fake_tensor_quant_onnx(inputs: torch.Tensor, amax: torch.Tensor, axis: int | None, num_bits: int = 8,
+                           unsigned: bool = False, narrow_range: bool = False) -> torch.Tensor:
+    """Fake quantization through ``torch.fake_quantize_per_tensor_affine`` / ``_per_channel_affine`` (scale
+    ``amax / max_bound``, zero point 0), which ``torch.onnx.export`` writes as QuantizeLinear/DequantizeLinear:
+    the ONNX path of pytorch_quantization's ``use_fb_fake_quant``. ``amax`` is one value, or one per index of
+    ``axis``. Divides by the scale where :func:`fake_tensor_quant` multiplies by its inverse, so the two can
+    differ by one step on the rare value that rounds differently.
+
+    >>> fake_tensor_quant_onnx(torch.tensor([0.3, -2.0]), torch.tensor(1.0), None)
+    tensor([ 0.2992, -1.0079])
+    """
+    min_bound, max_bound = tensor_quant_bounds(num_bits, unsigned, narrow_range)
+    float32 = inputs.dtype == torch.float32  # no Cast nodes in the exported graph for float32 models
+    x = inputs if float32 else inputs.float()
+    if axis is None:
+        if amax.numel() != 1:
+            raise ValueError(f"a per-tensor amax must hold one value, got shape {tuple(amax.shape)}")
+        out = torch.fake_quantize_per_tensor_affine(x, float(amax) / max_bound, 0, min_bound, max_bound)
+    else:
+        scale = (amax.reshape(-1).float() / max_bound)
+        if scale.numel() != x.shape[axis]:
+            raise ValueError(f"amax has {scale.numel()} values for axis {axis} of size {x.shape[axis]}")
+        zero = torch.zeros(scale.shape, dtype=torch.int32, device=x.device)
+        out = torch.fake_quantize_per_channel_affine(x, scale, zero, axis, min_bound, max_bound)
+    return out if float32 else out.to(inputs.dtype)

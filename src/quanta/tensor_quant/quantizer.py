@@ -58,6 +58,7 @@ from quanta.kernels.amax_quant import (
     e4m3_quant,
     fake_e4m3_quant,
     fake_tensor_quant,
+    fake_tensor_quant_onnx,
     is_fp8,
     resolve_num_bits,
     tensor_quant,
@@ -96,6 +97,9 @@ class TensorQuantizer(nn.Module):
     """
 
     _version = 1
+    #: pytorch_quantization's switch for ONNX export: fake quantization through torch's fake_quantize ops,
+    #: which torch.onnx.export writes as QuantizeLinear/DequantizeLinear (see quanta.tensor_quant.onnx_export)
+    use_fb_fake_quant: bool = False
 
     def __init__(self, quant_desc: ScaledQuantDescriptor = QuantDescriptor(), disabled: bool = False,
                  if_quant: bool = True, if_clip: bool = False, if_calib: bool = False) -> None:
@@ -355,6 +359,16 @@ class TensorQuantizer(nn.Module):
             amax = amax.detach() * self._scale_amax
         return amax.detach()
 
+    def _single_axis(self, inputs: torch.Tensor) -> int | None:
+        """The one kept axis (torch's per-channel fake quantization, and ONNX, take one), or None per tensor."""
+        axis = self._axis
+        if axis is None:
+            return None
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        if len(axes) != 1:
+            raise ValueError(f"use_fb_fake_quant (ONNX export) needs per-tensor or one-axis amax, got axis {axis}")
+        return axes[0] % inputs.dim()
+
     def _quant_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self._learn_amax:
             self._check_learned()
@@ -363,6 +377,9 @@ class TensorQuantizer(nn.Module):
         else:
             amax = self._get_amax(inputs)
         fp8 = is_fp8(self._num_bits)
+        if self._fake_quant and not fp8 and type(self).use_fb_fake_quant:
+            return fake_tensor_quant_onnx(inputs, amax, self._single_axis(inputs), self._num_bits, self._unsigned,
+                                          self._narrow_range)
         if self._fake_quant:
             outputs = fake_e4m3_quant(inputs, amax) if fp8 else \
                 fake_tensor_quant(inputs, amax, self._num_bits, self._unsigned, self._narrow_range)
