@@ -213,3 +213,24 @@ def test_onnx_export_refuses_what_it_cannot_write(tmp_path):
     with pytest.raises(TypeError, match="args"):
         export_onnx(_calibrated_cnn(), torch.randn(1, 3, 8, 8), path)
     assert path.read_text() == "old" and not quant_nn.TensorQuantizer.use_fb_fake_quant
+
+
+@pytest.mark.parametrize("method,kwargs", [("percentile", {"percentile": 99.9}), ("mse", {}), ("entropy", {})])
+def test_histogram_calibration_through_the_modules(method, kwargs):
+    torch.manual_seed(0)
+    desc = QuantDescriptor(num_bits=8, calib_method="histogram")
+    layer = quant_nn.QuantLinear(32, 8, quant_desc_input=desc)
+    layer.input_quantizer.disable_quant()
+    layer.input_quantizer.enable_calib()
+    data = torch.randn(512, 32)
+    data[0, 0] = 40.0  # an outlier that max calibration would take as the range
+    layer(data)
+    layer.input_quantizer.load_calib_amax(method, **kwargs)
+    layer.input_quantizer.disable_calib()
+    layer.input_quantizer.enable_quant()
+    amax = float(layer.input_quantizer.amax)
+    assert 1.0 < amax < 40.0  # each method clips the outlier
+    x = torch.randn(4, 32)
+    w = layer.weight.detach()
+    expected = F.linear(_fq(x, torch.tensor(amax)), _fq(w, w.abs().amax(1, keepdim=True)), layer.bias)
+    assert torch.equal(layer(x), expected)
