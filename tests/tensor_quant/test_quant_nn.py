@@ -126,6 +126,9 @@ def test_quant_modules_swaps_torch_nn_and_back():
     try:
         model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
         assert [type(m).__name__ for m in model] == ["QuantConv2d", "QuantMaxPool2d", "Flatten", "QuantLinear"]
+        # torch's own keywords still work on the replaced classes (third-party code passes them)
+        assert nn.Linear(2, 2, bias=False, dtype=torch.float64).weight.dtype == torch.float64
+        assert nn.Conv1d(1, 1, 1, device="cpu", dtype=torch.float64).weight.dtype == torch.float64
         with pytest.raises(RuntimeError, match="already active"):
             quant_modules.initialize()
     finally:

@@ -131,8 +131,9 @@ class QuantLinear(nn.Linear, QuantMixin):
 
     default_quant_desc_weight = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs: Any) -> None:
-        super().__init__(in_features, out_features, bias)
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: torch.dtype | None = None, **kwargs: Any) -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.init_quantizer(*pop_quant_desc_in_kwargs(type(self), **kwargs))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
