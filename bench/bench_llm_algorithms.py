@@ -53,7 +53,7 @@ from quanta.quantization import (  # noqa: E402
     quantize_,
     quantize_sequential,
 )
-from quanta.quantization.linear_like import is_linear_like, linear_weight  # noqa: E402
+from quanta.quantization.linear_like import linear_inputs, linear_weight  # noqa: E402
 
 BASES = {
     "int4 g128": Int4WeightOnlyConfig(group_size=128),
@@ -114,18 +114,6 @@ def _torchao(model: nn.Module, base: str, algorithm: str, calibration: list) -> 
         return f"refused: {str(e).splitlines()[0][:60]}"
 
 
-def _linear_inputs(model: nn.Module, batches: list) -> dict[str, torch.Tensor]:
-    seen: dict[str, list[torch.Tensor]] = {}
-    handles = [m.register_forward_pre_hook(lambda _m, a, n=n: seen.setdefault(n, []).append(
-        a[0].reshape(-1, a[0].shape[-1]))) for n, m in model.named_modules() if is_linear_like(m)]
-    with torch.no_grad():
-        for b in batches:
-            model(**b)
-    for h in handles:
-        h.remove()
-    return {n: torch.cat(v) for n, v in seen.items()}
-
-
 def _layers_better(model, quantized, rtn, inputs) -> str:
     mods, q, r = dict(model.named_modules()), dict(quantized.named_modules()), dict(rtn.named_modules())
     better = 0
@@ -156,7 +144,7 @@ def part1(model_dir: str | None) -> None:
     fixed = [dict(tokenizer(many[i:i + 15], padding="max_length", max_length=64, truncation=True,
                             return_tensors="pt")) for i in range(0, len(many), 15)]
     ref = embed(model, evaluation)
-    inputs = _linear_inputs(model, evaluation)
+    inputs = linear_inputs(model, evaluation)
     has_torchao = importlib.util.find_spec("torchao") is not None
 
     def cosine(m):
@@ -219,7 +207,7 @@ def part2() -> None:
         held_out = torch.randint(0, 1000, (4, 48), generator=g)
         with torch.no_grad():
             ref = model(held_out).logits
-        inputs = _linear_inputs(model, [{"input_ids": held_out}])
+        inputs = linear_inputs(model, [{"input_ids": held_out}])
         row = [name]
         for base, algorithms in ALGORITHMS.items():
             if base == "int8":

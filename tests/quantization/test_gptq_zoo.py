@@ -25,25 +25,10 @@ from quanta.quantization import (  # noqa: E402
     quantize_,
     quantize_sequential,
 )
-from quanta.quantization.linear_like import is_linear_like, linear_weight  # noqa: E402
+from quanta.quantization.linear_like import linear_inputs, linear_weight  # noqa: E402
 from zoo_models import build  # noqa: E402
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "gemma", "opt", "gpt_neox", "falcon", "gpt2"]
-
-
-def _linear_inputs(model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(name):
-        def hook(_m, args):
-            seen[name] = args[0].reshape(-1, args[0].shape[-1])
-        return hook
-    handles = [m.register_forward_pre_hook(keep(n)) for n, m in model.named_modules() if is_linear_like(m)]
-    with torch.no_grad():
-        model(**batch)
-    for h in handles:
-        h.remove()
-    return seen
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -54,7 +39,7 @@ def test_gptq_beats_round_to_nearest_on_every_layer_and_on_the_logits(name):
     torch.manual_seed(1)
     calibration = [inputs(4, 32) for _ in range(8)]
     held_out = inputs(4, 24)
-    xs = _linear_inputs(model, held_out)
+    xs = linear_inputs(model, [held_out])
     float_layers = dict(model.named_modules())
     with torch.no_grad():
         ref = model(**held_out)[key]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["is_linear_like", "is_conv1d", "linear_weight", "stored_weight", "in_features"]
+__all__ = ["is_linear_like", "is_conv1d", "linear_weight", "stored_weight", "in_features", "linear_inputs"]
 
 
 def is_conv1d(module: nn.Module) -> bool:
@@ -43,3 +43,36 @@ def stored_weight(module: nn.Module, weight: torch.Tensor) -> torch.Tensor:
 
 def in_features(module: nn.Module) -> int:
     return module.weight.shape[0] if is_conv1d(module) else module.weight.shape[1]
+
+
+@torch.no_grad()
+def linear_inputs(model: nn.Module, batches: list) -> dict[str, torch.Tensor]:
+    """Every Linear (and Conv1D) layer's input rows ``[rows, in_features]`` over ``batches`` (each passed as
+    ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``): what per-layer
+    output errors are measured on.
+
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    >>> {name: tuple(x.shape) for name, x in linear_inputs(net, [torch.randn(5, 4), torch.randn(2, 4)]).items()}
+    {'0': (7, 4), '2': (7, 3)}
+    """
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def keep(name: str):
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            x = args[0] if args else next(iter(kwargs.values()))
+            seen.setdefault(name, []).append(x.detach().reshape(-1, x.shape[-1]))
+        return hook
+    handles = [m.register_forward_pre_hook(keep(n), with_kwargs=True)
+               for n, m in model.named_modules() if is_linear_like(m)]
+    try:
+        for b in batches:
+            if isinstance(b, dict):
+                model(**b)
+            elif isinstance(b, (tuple, list)):
+                model(*b)
+            else:
+                model(b)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: torch.cat(v) for n, v in seen.items()}
