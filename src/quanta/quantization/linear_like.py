@@ -16,7 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["is_linear_like", "is_conv1d", "linear_weight", "stored_weight", "in_features", "linear_inputs"]
+from quanta._inputs import call_model
+
+__all__ = ["is_linear_like", "is_conv1d", "linear_weight", "stored_weight", "in_features", "layer_input",
+           "linear_inputs"]
 
 
 def is_conv1d(module: nn.Module) -> bool:
@@ -45,11 +48,16 @@ def in_features(module: nn.Module) -> int:
     return module.weight.shape[0] if is_conv1d(module) else module.weight.shape[1]
 
 
+def layer_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The input of a Linear (``input``) or Conv1D (``x``) call, from a forward pre-hook's ``args``/``kwargs``."""
+    return args[0] if args else next(iter(kwargs.values()))
+
+
 @torch.no_grad()
 def linear_inputs(model: nn.Module, batches: list) -> dict[str, torch.Tensor]:
     """Every Linear (and Conv1D) layer's input rows ``[rows, in_features]`` over ``batches`` (each passed as
-    ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or list, else ``model(batch)``): what per-layer
-    output errors are measured on.
+    :func:`quanta._inputs.call_model` does: ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, else
+    ``model(batch)``): what per-layer output errors are measured on.
 
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
     >>> {name: tuple(x.shape) for name, x in linear_inputs(net, [torch.randn(5, 4), torch.randn(2, 4)]).items()}
@@ -59,19 +67,14 @@ def linear_inputs(model: nn.Module, batches: list) -> dict[str, torch.Tensor]:
 
     def keep(name: str):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
-            x = args[0] if args else next(iter(kwargs.values()))
+            x = layer_input(args, kwargs)
             seen.setdefault(name, []).append(x.detach().reshape(-1, x.shape[-1]))
         return hook
     handles = [m.register_forward_pre_hook(keep(n), with_kwargs=True)
                for n, m in model.named_modules() if is_linear_like(m)]
     try:
         for b in batches:
-            if isinstance(b, dict):
-                model(**b)
-            elif isinstance(b, (tuple, list)):
-                model(*b)
-            else:
-                model(b)
+            call_model(model, b)
     finally:
         for h in handles:
             h.remove()

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from quanta.quantization.linear_like import layer_input
 from quanta.quantization.quant_api import AOBaseConfig, CalibrationConfig, ModuleFqnToConfig
 
 __all__ = ["HessianObserver", "output_mse", "attach_observer", "detach_observer", "check_base_config",
@@ -83,8 +84,8 @@ def check_step(step: object, allowed: tuple[str, ...], what: str) -> None:
 def attach_observer(module: nn.Module, attr: str, observer: object, update: Callable[[torch.Tensor], None]) -> None:
     """Give ``module`` an observer fed by a forward pre-hook (replacing one already there)."""
     detach_observer(module, attr)
-    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: update(args[0] if args else
-                                                                                 kwargs["input"]), with_kwargs=True)
+    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: update(layer_input(args, kwargs)),
+                                              with_kwargs=True)
     setattr(module, attr, (observer, handle))
 
 

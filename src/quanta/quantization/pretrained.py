@@ -60,6 +60,7 @@ from quanta.quantization.sequential import (
     SequentialReport,
     _call,
     _capture_inputs,
+    _hidden,
     _no_cache,
     _resolve_blocks,
     _steps,
@@ -187,10 +188,6 @@ def _materialize(model: nn.Module, shards: _Shards, where: Callable[[str], bool]
         new = nn.Parameter(value, requires_grad=False)
         for holder, attr, _ in holders:
             holder._parameters[attr] = new
-
-
-def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
-    return args[0] if args else kwargs["hidden_states"]
 
 
 class _Replay(nn.Module):

@@ -52,6 +52,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
+from quanta._inputs import call_model
 from quanta._progress import make_bar
 from quanta.quantization.linear_like import is_linear_like
 from quanta.quantization.quant_api import AOBaseConfig, CalibrationConfig, ModuleFqnToConfig, QuantizeReport, quantize_
@@ -94,11 +95,13 @@ class _Stop(Exception):
 
 
 def _call(fn: Callable[..., Any], batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return fn(**batch)
-    if isinstance(batch, (tuple, list)):
-        return fn(*batch)
-    return fn(batch)
+    """:func:`quanta._inputs.call_model`, a list batch taken as positional inputs as a tuple is."""
+    return call_model(fn, tuple(batch) if isinstance(batch, list) else batch)
+
+
+def _hidden(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """The hidden states a block is called with: its first positional argument, or ``hidden_states=``."""
+    return args[0] if args else kwargs.get("hidden_states")
 
 
 def _first_tensor(out: Any) -> torch.Tensor:
@@ -279,7 +282,7 @@ def _check_chained(model: nn.Module, blocks: list[tuple[str, nn.Module]], batch:
     handles = []
     for name, block in blocks:
         def pre(_m, args, kwargs, name=name):
-            seen.append(("in", name, args[0] if args else kwargs.get("hidden_states")))
+            seen.append(("in", name, _hidden(args, kwargs)))
 
         def post(_m, _args, _kwargs, out, name=name):
             seen.append(("out", name, _first_tensor(out)))

@@ -36,7 +36,14 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from quanta.dtypes.activation_scale import WeightTensorWithLinearActivationScaleMetadata
-from quanta.quantization.linear_like import in_features, is_conv1d, is_linear_like, linear_weight, stored_weight
+from quanta.quantization.linear_like import (
+    in_features,
+    is_conv1d,
+    is_linear_like,
+    layer_input,
+    linear_weight,
+    stored_weight,
+)
 from quanta.quantization.observed import HessianObserver, output_mse
 from quanta.quantization.quant_api import AOBaseConfig, LayerNotQuantizable, QuantizeReport
 
@@ -103,11 +110,6 @@ def _producer_kind(module: nn.Module) -> bool:
     return (is_linear_like(module) and type(module.weight) is nn.Parameter) or is_norm(module)
 
 
-def _input(args: tuple, kwargs: dict) -> torch.Tensor:
-    """A Linear's (``input``) or Conv1D's (``x``) input, positional or keyword."""
-    return args[0] if args else next(iter(kwargs.values()))
-
-
 @dataclass
 class _Prepared:
     """What the first step left on the root model (``model.__dict__[_STATE]``)."""
@@ -145,7 +147,7 @@ def prepare_smoothing(model: nn.Module, selected: list[tuple[str, nn.Module]], r
         for fqn, module in linears:
             stats = state.stats[fqn] = InputStatistics(in_features(module), gram=gram, sample_rows=sample_rows)
             state.handles.append(module.register_forward_pre_hook(
-                lambda _m, args, kwargs, st=stats: st.update(_input(args, kwargs)) if state.active else None,
+                lambda _m, args, kwargs, st=stats: st.update(layer_input(args, kwargs)) if state.active else None,
                 with_kwargs=True))
         for name, module in model.named_modules():
             if _producer_kind(module):
@@ -157,7 +159,7 @@ def prepare_smoothing(model: nn.Module, selected: list[tuple[str, nn.Module]], r
                 def consume(_m, args, kwargs, name=name):
                     if not state.active:
                         return
-                    x = _input(args, kwargs)
+                    x = layer_input(args, kwargs)
                     hit = outputs.get(id(x))
                     producer = hit[0] if hit is not None and hit[1]() is x else None
                     before = state.producers.get(name, producer)
