@@ -1,4 +1,5 @@
-"""Real quantized storage, torchao's ``torchao.dtypes`` API: ``AffineQuantizedTensor`` and its layouts.
+"""Real quantized storage, torchao's ``torchao.dtypes`` API: ``AffineQuantizedTensor`` and its layouts, and the
+block-scaled ``MXTensor`` / ``NVFP4Tensor`` of ``torchao.prototype.mx_formats``.
 
 >>> import torch
 >>> from quanta.dtypes import AffineQuantizedTensor, UintxLayout
@@ -33,6 +34,9 @@ from quanta.dtypes.layouts import (
     UintxLayout,
 )
 from quanta.dtypes.activation_scale import WeightTensorWithLinearActivationScaleMetadata
+from quanta.dtypes.block_scaled import BlockScaledTensor, KernelPreference
+from quanta.dtypes.mx_tensor import MXTensor, QuantizeTensorToMXKwargs, ScaleCalculationMode
+from quanta.dtypes.nvfp4_tensor import NVFP4Tensor, QuantizeTensorToNVFP4Kwargs, per_tensor_amax_to_scale
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor
 from quanta.dtypes.serialization import load_quantized, save_quantized
 from quanta.dtypes.tensor_impl import (
@@ -49,6 +53,14 @@ __all__ = [
     "AffineQuantizedTensor",
     "LinearActivationQuantizedTensor",
     "WeightTensorWithLinearActivationScaleMetadata",
+    "MXTensor",
+    "NVFP4Tensor",
+    "BlockScaledTensor",
+    "ScaleCalculationMode",
+    "KernelPreference",
+    "QuantizeTensorToMXKwargs",
+    "QuantizeTensorToNVFP4Kwargs",
+    "per_tensor_amax_to_scale",
     "save_quantized",
     "load_quantized",
     "to_affine_quantized_intx",
@@ -74,5 +86,6 @@ __all__ = [
 torch.serialization.add_safe_globals([
     AffineQuantizedTensor, LinearActivationQuantizedTensor, WeightTensorWithLinearActivationScaleMetadata, PlainLayout, UintxLayout, Float8Layout, FloatxTensorCoreLayout, Int4CPULayout,
     PlainAQTTensorImpl, UintxAQTTensorImpl, Float8AQTTensorImpl, FloatxAQTTensorImpl, Int4CPUAQTTensorImpl,
-    ZeroPointDomain, MappingType,
+    ZeroPointDomain, MappingType, MXTensor, NVFP4Tensor, QuantizeTensorToMXKwargs, QuantizeTensorToNVFP4Kwargs,
+    ScaleCalculationMode, KernelPreference,
 ])

@@ -36,6 +36,9 @@ __all__ = [
     "IntxWeightOnlyConfig",
     "FPXWeightOnlyConfig",
     "ModuleFqnToConfig",
+    "MXDynamicActivationMXWeightConfig",
+    "NVFP4WeightOnlyConfig",
+    "NVFP4DynamicActivationNVFP4WeightConfig",
     "GPTQConfig",
     "AWQConfig",
     "SmoothQuantConfig",
@@ -56,7 +59,8 @@ _QUANT_API = {"quantize_", "QuantizeReport", "AOBaseConfig", "Int8WeightOnlyConf
               "FPXWeightOnlyConfig", "ModuleFqnToConfig", "CalibrationConfig"}
 _CALIBRATED = {"GPTQConfig": "gptq", "AWQConfig": "awq", "SmoothQuantConfig": "smoothquant",
                "quantize_sequential": "sequential", "quantize_pretrained": "pretrained",
-               "load_pretrained": "pretrained"}
+               "load_pretrained": "pretrained", "MXDynamicActivationMXWeightConfig": "mx_formats",
+               "NVFP4WeightOnlyConfig": "mx_formats", "NVFP4DynamicActivationNVFP4WeightConfig": "mx_formats"}
 
 
 def __getattr__(name: str):

@@ -56,6 +56,7 @@ from quanta.dtypes import (
     UintxLayout,
 )
 from quanta.dtypes.activation_scale import WeightTensorWithLinearActivationScaleMetadata
+from quanta.dtypes.block_scaled import BlockScaledTensor
 from quanta.dtypes.layouts import SUB_BYTE_DTYPES
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor, check_int8_dynamic_weight
 from quanta.kernels.int_linear import check_int4_cpu_shape
@@ -293,6 +294,11 @@ class CalibrationConfig(AOBaseConfig):
 
     steps: ClassVar[tuple[str, str]] = ("observe", "convert")
 
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether ``quantize_`` runs this config's two steps (a config may also have a one-step form)."""
+        return True
+
     def apply(self, model: nn.Module, selected: list[tuple[str, nn.Module]], report: "QuantizeReport"
               ) -> list[Callable[[], None]]:
         """Plan this config's step on ``selected`` ``(fqn, module)`` pairs of ``model``, filling ``report``.
@@ -366,7 +372,7 @@ def quantize_(model: nn.Module, config: AOBaseConfig, filter_fn: Optional[Callab
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(config, AOBaseConfig):
         raise TypeError(f"config must be a quanta.quantization config (e.g. Int8WeightOnlyConfig()), got {config!r}")
-    if isinstance(config, CalibrationConfig):
+    if isinstance(config, CalibrationConfig) and config.needs_calibration:
         return _quantize_calibrated(model, config, filter_fn, device, strict)
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable (module, fqn) -> bool, got {filter_fn!r}")
@@ -399,7 +405,7 @@ def quantize_(model: nn.Module, config: AOBaseConfig, filter_fn: Optional[Callab
             if not isinstance(weight, torch.Tensor):
                 raise LayerNotQuantizable(f"{type(module).__name__} has no weight tensor")
             if isinstance(weight, (AffineQuantizedTensor, LinearActivationQuantizedTensor,
-                                   WeightTensorWithLinearActivationScaleMetadata)):
+                                   WeightTensorWithLinearActivationScaleMetadata, BlockScaledTensor)):
                 raise LayerNotQuantizable("its weight is already quantized")
             if weight.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
                 raise LayerNotQuantizable(f"its weight has dtype {weight.dtype}, not a float dtype")
