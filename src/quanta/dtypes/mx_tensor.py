@@ -117,7 +117,6 @@ class MXTensor(BlockScaledTensor):
         self.kernel_preference = kernel_preference
         self.act_quant_kwargs = act_quant_kwargs
         self.is_swizzled_scales = False
-        self._format = fmt
         return self
 
     def __init__(self, *args, **kwargs) -> None:  # everything is set in __new__
@@ -158,7 +157,7 @@ class MXTensor(BlockScaledTensor):
     @property
     def format(self) -> BlockScaledFormat:
         """The :class:`~quanta.grids.block_scaled.BlockScaledFormat`."""
-        return self._format
+        return mx_format(self.elem_dtype, self.block_size)
 
     def __repr__(self) -> str:
         return (f"MXTensor(elem_dtype={self.elem_dtype}, block_size={self.block_size}, shape={tuple(self.shape)}, "
@@ -168,16 +167,16 @@ class MXTensor(BlockScaledTensor):
         q, s = self.qdata, self.scale
         if self.dim() > 1:
             q, s = q[rows], s[rows]
-        return kernels.decode_elements(q, self._format), s
+        return kernels.decode_elements(q, self.format), s
 
     def dequantize(self, output_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """``P * 2**(e - 127)`` in ``output_dtype`` (default: ``orig_dtype``)."""
         p, s = self._values()
-        return kernels.mx_dequantize(p, s.view(torch.uint8), self._format, output_dtype or self.orig_dtype)
+        return kernels.mx_dequantize(p, s.view(torch.uint8), self.format, output_dtype or self.orig_dtype)
 
     def _dequantize_rows(self, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
         p, s = self._values(slice(r0, r1))
-        return kernels.mx_dequantize(p, s.view(torch.uint8), self._format, dtype)
+        return kernels.mx_dequantize(p, s.view(torch.uint8), self.format, dtype)
 
     def _linear(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         if self.dim() != 2:

@@ -3,7 +3,8 @@
 ``save_quantized(state_dict, path)`` writes every plain tensor under its own
 key and every :class:`~quanta.dtypes.AffineQuantizedTensor` /
 :class:`~quanta.dtypes.LinearActivationQuantizedTensor` /
-:class:`~quanta.dtypes.WeightTensorWithLinearActivationScaleMetadata` as its storage tensors
+:class:`~quanta.dtypes.WeightTensorWithLinearActivationScaleMetadata` /
+:class:`~quanta.dtypes.MXTensor` / :class:`~quanta.dtypes.NVFP4Tensor` as its storage tensors
 under ``"<key>::<field>"``, with a description (layout, block size, shape, code
 range, zero-point domain, dtype) in the file's ``"quanta"`` metadata entry,
 JSON. ``load_quantized(path)`` rebuilds the state dict: the JSON is parsed
@@ -47,6 +48,9 @@ from quanta.dtypes.layouts import (
     UintxLayout,
 )
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor
+from quanta.dtypes.mx_tensor import MXTensor, QuantizeTensorToMXKwargs
+from quanta.dtypes.nvfp4_tensor import NVFP4Tensor, QuantizeTensorToNVFP4Kwargs
+from quanta.grids.block_scaled import MX_FORMATS, ScaleCalculationMode
 from quanta.dtypes.tensor_impl import (
     AQTTensorImpl,
     Float8AQTTensorImpl,
@@ -61,7 +65,9 @@ __all__ = ["save_quantized", "load_quantized", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 _SEP = "::"
-_QUANTIZED = (AffineQuantizedTensor, LinearActivationQuantizedTensor, WeightTensorWithLinearActivationScaleMetadata)
+_QUANTIZED = (AffineQuantizedTensor, LinearActivationQuantizedTensor, WeightTensorWithLinearActivationScaleMetadata,
+              MXTensor, NVFP4Tensor)
+_ELEM_NAMES = {(k if isinstance(k, str) else str(k).removeprefix("torch.")): k for k in MX_FORMATS}
 _LAYOUTS: dict[str, type[Layout]] = {c.__name__: c for c in (PlainLayout, UintxLayout, Float8Layout,
                                                              FloatxTensorCoreLayout, Int4CPULayout)}
 _IMPLS: dict[str, type[AQTTensorImpl]] = {c.__name__: c for c in (PlainAQTTensorImpl, UintxAQTTensorImpl,
@@ -149,8 +155,30 @@ def save_quantized(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLi
     atomic_write(path, lambda tmp: st.save_file(tensors, tmp, metadata=header))
 
 
+def _block_scaled_json(key: str, t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """MXTensor / NVFP4Tensor: codes and scales (float8 scales as their bytes), attributes as JSON."""
+    names = t._tensor_names()
+    for name in names:
+        v = getattr(t, name).detach().contiguous()
+        tensors[f"{key}{_SEP}{name}"] = v.view(torch.uint8) if name == "scale" else v
+    out: dict[str, Any] = {"type": type(t).__name__, "tensors": names, "block_size": t.block_size,
+                           "shape": list(t.shape), "orig_dtype": str(t.orig_dtype).removeprefix("torch.")}
+    k = t.act_quant_kwargs
+    if isinstance(t, MXTensor):
+        out["elem_dtype"] = t.elem_dtype if isinstance(t.elem_dtype, str) else str(t.elem_dtype).removeprefix("torch.")
+        out["act_quant_kwargs"] = None if k is None else {
+            "elem_dtype": k.elem_dtype if isinstance(k.elem_dtype, str) else str(k.elem_dtype).removeprefix("torch."),
+            "block_size": k.block_size, "scaling_mode": k.scaling_mode.value}
+    else:
+        out["act_quant_kwargs"] = None if k is None else {
+            "use_dynamic_per_tensor_scale": k.use_dynamic_per_tensor_scale}
+    return out
+
+
 def _describe(key: str, t: torch.Tensor, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     """The JSON description of a quantized tensor; its storage tensors go into ``tensors`` under ``key::...``."""
+    if isinstance(t, (MXTensor, NVFP4Tensor)):
+        return _block_scaled_json(key, t, tensors)
     if isinstance(t, WeightTensorWithLinearActivationScaleMetadata):
         tensors[f"{key}{_SEP}activation_scale"] = t.scale.detach().contiguous()
         return {"type": "WeightTensorWithLinearActivationScaleMetadata",
@@ -300,10 +328,65 @@ def _code_dtype(impl: AQTTensorImpl) -> torch.dtype | None:
     return None
 
 
+def _elem(name: Any, where: str) -> Any:
+    if not isinstance(name, str) or name not in _ELEM_NAMES:
+        raise ValueError(f"{where}: unknown elem_dtype {name!r} (known: {sorted(_ELEM_NAMES)})")
+    return _ELEM_NAMES[name]
+
+
+def _block_scaled_from(key: str, d: dict, tensors: dict[str, torch.Tensor], used: set[str]) -> torch.Tensor:
+    where = f"tensor {key!r}"
+    kind = d["type"]
+    optional = ("per_tensor_scale", "act_per_tensor_scale") if kind == "NVFP4Tensor" else ()
+    names = _field(d, "tensors", list, where)
+    if not {"qdata", "scale"} <= set(names) or not set(names) <= {"qdata", "scale", *optional}:
+        raise ValueError(f"{where}: field 'tensors' must name qdata and scale (NVFP4Tensor: and optional "
+                         f"per_tensor_scale, act_per_tensor_scale), got {names!r:.200}")
+    inner = {}
+    for n in names:
+        full = f"{key}{_SEP}{n}"
+        if full not in tensors:
+            raise ValueError(f"{where}: tensor {full!r} is missing from the file")
+        inner[n] = tensors[full]
+        used.add(full)
+    if inner["scale"].dtype != torch.uint8:
+        raise ValueError(f"{where}: the scale must be stored as uint8 bytes, got {inner['scale'].dtype}")
+    block = _field(d, "block_size", int, where)
+    orig = _dtype(d.get("orig_dtype"), where)
+    act = d.get("act_quant_kwargs")
+    if act is not None and not isinstance(act, dict):
+        raise ValueError(f"{where}: act_quant_kwargs must be an object or null, got {act!r:.100}")
+    try:
+        if kind == "MXTensor":
+            elem = _elem(d.get("elem_dtype"), where)
+            kwargs = None
+            if act is not None:
+                mode = _field(act, "scaling_mode", str, where)
+                if mode not in {m.value for m in ScaleCalculationMode}:
+                    raise ValueError(f"unknown scaling_mode {mode!r}")
+                kwargs = QuantizeTensorToMXKwargs(_elem(act.get("elem_dtype"), where),
+                                                  _field(act, "block_size", int, where), ScaleCalculationMode(mode))
+            t = MXTensor(inner["qdata"], inner["scale"], elem, block, orig, None, kwargs)
+        else:
+            kwargs = None if act is None else QuantizeTensorToNVFP4Kwargs(
+                use_dynamic_per_tensor_scale=_field(act, "use_dynamic_per_tensor_scale", bool, where))
+            scale = inner["scale"].view(torch.float8_e4m3fn)
+            t = NVFP4Tensor(inner["qdata"], scale, block, orig, inner.get("per_tensor_scale"),
+                            inner.get("act_per_tensor_scale"), act_quant_kwargs=kwargs)
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        raise ValueError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+    if tuple(t.shape) != _int_list(d.get("shape"), "shape", where):
+        raise ValueError(f"{where}: shape {d.get('shape')} does not match the stored codes {list(t.shape)}")
+    return t
+
+
 def _tensor_from(key: str, d: Any, tensors: dict[str, torch.Tensor], used: set[str]) -> torch.Tensor:
     """The quantized tensor ``key`` described by ``d`` (the inverse of :func:`_describe`)."""
     where = f"tensor {key!r}"
     kind = d.get("type") if isinstance(d, dict) else None
+    if kind in ("MXTensor", "NVFP4Tensor"):
+        return _block_scaled_from(key, d, tensors, used)
     if kind == "WeightTensorWithLinearActivationScaleMetadata":
         inner = d.get("weight")
         if not isinstance(inner, dict) or inner.get("type") == kind:

@@ -34,7 +34,8 @@ overflows: torchao computes ``0 * inf = NaN`` there and stores it as the code of
 
 **Fake quantization** (``*_quantize_dequantize``) returns ``dequantize(quantize(x))`` in
 ``x``'s dtype with a straight-through gradient: ``dx = dy`` where the element did not
-saturate, 0 where it did.
+saturate (``|x / X|`` at most ``max`` plus half the top step of the element grid, what rounding reaches anyway),
+0 where it did.
 """
 
 from __future__ import annotations
@@ -257,6 +258,12 @@ def nvfp4_dequantize(p: torch.Tensor, block_scale: torch.Tensor, per_tensor_scal
     return out.reshape(p.shape).to(dtype)
 
 
+def _saturation_edge(fmt: BlockScaledFormat) -> float:
+    """Where rounding stops reaching the largest element: ``max`` plus half its step (values up to here round
+    to ``max`` as they would without the clamp, so they keep their gradient)."""
+    return fmt.element_max + 2.0 ** (fmt.emax - fmt.mantissa_bits) / 2
+
+
 class _BlockFakeQuant(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, fn):
@@ -276,7 +283,7 @@ def mx_quantize_dequantize(x: torch.Tensor, fmt: BlockScaledFormat,
 
     >>> from quanta.grids.block_scaled import MXFP4
     >>> mx_quantize_dequantize(torch.tensor([0.1, -0.7, 3.0, 5.9, 0, 0, 0, 0.01]), MXFP4.with_block_size(4))
-    tensor([ 0.0000, -0.5000,  3.0000,  6.0000,  0.0000,  0.0000,  0.0000,  0.0098])
+    tensor([ 0.0000, -0.5000,  3.0000,  6.0000,  0.0000,  0.0000,  0.0000,  0.0117])
     """
     _check_format(fmt, BlockScaleKind.E8M0)
     check_blocks(x, fmt.block_size)
@@ -286,7 +293,7 @@ def mx_quantize_dequantize(x: torch.Tensor, fmt: BlockScaledFormat,
         p, code = _mx_quantize_blocks(xb, fmt, mode)
         s = e8m0_to_float(code).unsqueeze(-1)
         out = (p * s).reshape(v.shape).to(v.dtype)
-        return out, ((xb / s).abs() > fmt.element_max).reshape(v.shape)
+        return out, ((xb / s).abs() > _saturation_edge(fmt)).reshape(v.shape)
 
     return _BlockFakeQuant.apply(x, fn)
 
@@ -307,7 +314,7 @@ def nvfp4_quantize_dequantize(x: torch.Tensor, per_tensor_scale: Optional[torch.
         hp = nvfp4_block_scales_hp(sb, per_tensor_scale)
         scaled = _nvfp4_scaled(xb, sb, per_tensor_scale)
         p = fake_cast(scaled.clamp(-FP4_E2M1.max, FP4_E2M1.max), FP4_E2M1)
-        return (p * hp).reshape(v.shape).to(v.dtype), (scaled.abs() > FP4_E2M1.max).reshape(v.shape)
+        return (p * hp).reshape(v.shape).to(v.dtype), (scaled.abs() > _saturation_edge(NVFP4)).reshape(v.shape)
 
     return _BlockFakeQuant.apply(x, fn)
 

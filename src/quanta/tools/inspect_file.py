@@ -292,6 +292,9 @@ def _quanta_described(path: str, text: Any) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: the 'quanta' metadata entry of {name!r} must be an object")
         kind = d.get("type")
         act = None
+        if kind in ("MXTensor", "NVFP4Tensor"):
+            out.append(_block_scaled_entry(name, d))
+            continue
         if kind == "WeightTensorWithLinearActivationScaleMetadata":  # the activation scale: a smoothing factor
             d = d.get("weight") if isinstance(d.get("weight"), dict) else {}
             kind = f"{d.get('type', 'AffineQuantizedTensor')} (input scaled)"
@@ -306,6 +309,22 @@ def _quanta_described(path: str, text: Any) -> list[dict[str, Any]]:
                     "granularity": _aqt_granularity(shape, block), "dtype": d.get("dtype"),
                     "zero_point_domain": d.get("zero_point_domain"), "activation": act})
     return out
+
+
+_ELEM_BITS = {"float8_e4m3fn": 8, "float8_e5m2": 8, "fp6_e2m3": 6, "fp6_e3m2": 6, "float4_e2m1fn_x2": 4, "int8": 8}
+
+
+def _block_scaled_entry(name: str, d: dict[str, Any]) -> dict[str, Any]:
+    """An MXTensor / NVFP4Tensor: element format, block size and scale format."""
+    mx = d["type"] == "MXTensor"
+    elem = d.get("elem_dtype") if mx else "float4_e2m1fn_x2"
+    act = d.get("act_quant_kwargs")
+    block = d.get("block_size")
+    return {"name": name, "type": d["type"], "layout": f"{elem}, {'e8m0' if mx else 'e4m3'} scales",
+            "layout_args": {}, "bits": _ELEM_BITS.get(elem) if isinstance(elem, str) else None,
+            "block_size": block, "shape": d.get("shape"), "granularity": f"per-block({block})",
+            "dtype": d.get("orig_dtype"), "zero_point_domain": None,
+            "activation": None if act is None else ("MX " + str(act.get("elem_dtype")) if mx else "NVFP4")}
 
 
 def _aqt_granularity(shape: Any, block: Any) -> str | None:
