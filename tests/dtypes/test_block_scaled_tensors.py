@@ -42,16 +42,17 @@ def test_storage_sizes(w):
 def test_linear_tiles_equal_the_whole_weight(elem):
     """Weights bigger than one tile: the tiled product is addmm on the whole dequantized weight, bit for bit."""
     g = torch.Generator().manual_seed(1)
-    w = torch.randn(1100, 512, generator=g).to(torch.bfloat16)  # 1100 rows of 512: three tiles of 512 rows
+    w = torch.randn(1100, 4096, generator=g).to(torch.bfloat16)  # 1100 rows of 4096: tiles of 256 rows
     b = torch.randn(1100, generator=g).to(torch.bfloat16)
-    x = torch.randn(3, 7, 512, generator=g).to(torch.bfloat16)
     act = QuantizeTensorToMXKwargs(elem, 32, ScaleCalculationMode.RCEIL)
     m = MXTensor.to_mx(w, elem, 32, ScaleCalculationMode.RCEIL, act_quant_kwargs=act)
-    xq = MXTensor.to_mx(x.reshape(-1, 512), elem, 32, ScaleCalculationMode.RCEIL).dequantize()
-    want = torch.addmm(b, xq, m.dequantize().t()).reshape(3, 7, 1100)
-    assert torch.equal(F.linear(x, m, b), want)
     wo = MXTensor.to_mx(w, elem)  # no act_quant_kwargs: weight-only
-    assert torch.equal(F.linear(x, wo), (x.reshape(-1, 512) @ wo.dequantize().t()).reshape(3, 7, 1100))
+    for shape in ((1, 4096), (3, 7, 4096)):  # one row: torch's GEMV, whose order depends on the tile width
+        x = torch.randn(*shape, generator=g).to(torch.bfloat16)
+        x2 = x.reshape(-1, 4096)
+        xq = MXTensor.to_mx(x2, elem, 32, ScaleCalculationMode.RCEIL).dequantize()
+        assert torch.equal(F.linear(x, m, b), torch.addmm(b, xq, m.dequantize().t()).reshape(*shape[:-1], 1100))
+        assert torch.equal(F.linear(x, wo), F.linear(x, wo.dequantize()))
 
 
 def test_nvfp4_linear_weight_only_and_dynamic(w):

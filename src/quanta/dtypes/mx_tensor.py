@@ -163,20 +163,14 @@ class MXTensor(BlockScaledTensor):
         return (f"MXTensor(elem_dtype={self.elem_dtype}, block_size={self.block_size}, shape={tuple(self.shape)}, "
                 f"orig_dtype={self.orig_dtype}, act_quant_kwargs={self.act_quant_kwargs})")
 
-    def _values(self, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-        q, s = self.qdata, self.scale
-        if self.dim() > 1:
-            q, s = q[rows], s[rows]
-        return kernels.decode_elements(q, self.format), s
+    def _dequantize_rows(self, rows: slice, dtype: torch.dtype) -> torch.Tensor:
+        q, s = (self.qdata[rows], self.scale[rows]) if self.dim() > 1 else (self.qdata, self.scale)
+        cdt = torch.float32 if dtype == torch.float16 else dtype  # element values are exact in cdt
+        return kernels.mx_dequantize(kernels.decode_elements(q, self.format, cdt), s, self.format, dtype)
 
     def dequantize(self, output_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """``P * 2**(e - 127)`` in ``output_dtype`` (default: ``orig_dtype``)."""
-        p, s = self._values()
-        return kernels.mx_dequantize(p, s.view(torch.uint8), self.format, output_dtype or self.orig_dtype)
-
-    def _dequantize_rows(self, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
-        p, s = self._values(slice(r0, r1))
-        return kernels.mx_dequantize(p, s.view(torch.uint8), self.format, dtype)
+        return self._dequantize_rows(slice(None), output_dtype or self.orig_dtype)
 
     def _linear(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         if self.dim() != 2:
@@ -190,7 +184,7 @@ class MXTensor(BlockScaledTensor):
             x2 = kernels.mx_quantize_dequantize(x2.to(dtype), fmt, k.scaling_mode)  # straight-through gradient
         else:
             x2 = x2.to(dtype)
-        out = tiled_linear(x2, lambda r0, r1: self._dequantize_rows(r0, r1, dtype), self.shape[0],
+        out = tiled_linear(x2, lambda r0, r1: self._dequantize_rows(slice(r0, r1), dtype), self.shape[0],
                            None if bias is None else bias.to(dtype))
         return out.reshape(*x.shape[:-1], self.shape[0])
 

@@ -10,16 +10,19 @@ dimension, which ``block_size`` must divide. Everything is computed in float32
     FLOOR/CEIL/EVEN   e = ((bits >> 23) & 255) - 127 - emax       (+1 for CEIL if amax has mantissa bits;
                                                                  EVEN first rounds amax to the element's mantissa)
                       code = clamp(e, -127, 128) + 127            (255, and a NaN amax: NaN)
-                      P = cast(x / max(2**(code - 127), 2**-126))
+                      P = cast(clamp(x / 2**(code - 127), -max, max))
     RCEIL             code = clamp(ceil(log2(amax / max)), -127, 127) + 127   (NaN amax 255, inf 254)
-                      P = cast(clamp(x * r, -max, max)),  r = 2**(127 - code), but 1 for code 0
+                      P = cast(clamp(x * 2**(127 - code), -max, max))
     dequantize        x' = P * 2**(code - 127)                    (NaN for code 255)
 
 ``cast`` rounds to the element format, nearest, ties to even, saturating
 (:func:`quanta.kernels.float_cast.fake_cast`; int8: ``round_half_even(64 v) / 64`` in
-``[-127/64, 127/64]``). The encode-side clamp at ``2**-126`` and RCEIL's ``r = 1`` for
-code 0 are torchao's (and TransformerEngine's); both only touch blocks whose ``amax``
-is below ``2**-118``. ``ceil(log2(.))`` is exact here (torchao's CPU fallback uses
+``[-127/64, 127/64]``). Scaling by a power of two is exact, so these are the OCP
+spec's ``P = cast(x / X)``. torchao departs from it in blocks with scale code 0
+(``amax`` below about ``2**-118``): it divides by ``2**-126`` instead of the stored
+``2**-127`` (FLOOR/CEIL/EVEN) or multiplies by 1 instead of ``2**127`` (RCEIL, after
+TransformerEngine), so its dequantized block is off by a factor of 2 or flushed to
+zero; quanta keeps ``x' = P * X`` there too. ``ceil(log2(.))`` is exact here (torchao's CPU fallback uses
 float32 ``log2``, which can round ``2**k * (1 + 2**-23)`` down to ``k`` and so pick the
 exponent one lower than NVIDIA's hardware rule; quanta follows the hardware).
 
@@ -40,9 +43,11 @@ saturate (``|x / X|`` at most ``max`` plus half the top step of the element grid
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from quanta.grids.block_scaled import (
     E8M0_EXPONENT_BIAS,
@@ -55,7 +60,7 @@ from quanta.grids.block_scaled import (
 from quanta.grids.float import FLOAT8_E4M3FN, FP4_E2M1
 from quanta.kernels import fpx_codes
 from quanta.kernels.float_cast import fake_cast
-from quanta.kernels.packing import pack_bits, unpack_bits
+from quanta.kernels.packing import pack_bits
 
 __all__ = [
     "check_blocks",
@@ -74,7 +79,6 @@ __all__ = [
     "decode_elements",
 ]
 
-_F32_MIN_NORMAL = 2.0 ** -126
 _E4M3_TINY = 2.0 ** -6  # torch.finfo(torch.float8_e4m3fn).tiny: NVFP4's smallest block scale
 
 
@@ -154,15 +158,12 @@ def _mx_quantize_blocks(xb: torch.Tensor, fmt: BlockScaledFormat, mode: ScaleCal
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     code = mx_shared_exponent(_amax(xb), fmt, mode)
     top = fmt.element_max
-    if mode is ScaleCalculationMode.RCEIL:
-        c = code.to(torch.float32)
-        r = torch.where(code == 0, 1.0, torch.exp2(E8M0_EXPONENT_BIAS - c))
-        r = torch.where(code == 254, 2.0 ** -127, r)
+    if mode is ScaleCalculationMode.RCEIL:  # NVIDIA's kernels multiply by the reciprocal
+        r = torch.exp2(E8M0_EXPONENT_BIAS - code.to(torch.float32))
         r = torch.where(code == E8M0_EXPONENT_NAN_VAL, float("nan"), r)
         scaled = (xb * r).clamp(-top, top)
     else:
-        s = (code.to(torch.int32) << 23).view(torch.float32).clamp_min(_F32_MIN_NORMAL)
-        scaled = (xb / s).clamp(-top, top)
+        scaled = (xb / e8m0_to_float(code)).clamp(-top, top)
     return _cast_elements(scaled, fmt), code.squeeze(-1)
 
 
@@ -189,10 +190,21 @@ def mx_quantize(x: torch.Tensor, fmt: BlockScaledFormat, mode: ScaleCalculationM
 
 def mx_dequantize(p: torch.Tensor, code: torch.Tensor, fmt: BlockScaledFormat,
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``P * 2**(code - 127)`` in ``dtype`` (the float32 product is exact, so one rounding to ``dtype``)."""
-    pb = _blocks(p, fmt.block_size)
-    out = pb * e8m0_to_float(code).unsqueeze(-1)
-    return out.reshape(p.shape).to(dtype)
+    """``P * 2**(code - 127)`` in ``dtype``.
+
+    The element values and the powers of two are exact in float32 and bfloat16, and so is their product in
+    float32, so multiplying in ``dtype`` (torchao's order) rounds once, like the exact product rounded to
+    ``dtype``; for float16, whose range ends at 65504, the product is taken in float32 first.
+    """
+    cdt = torch.float32 if dtype == torch.float16 else dtype
+    pb = p.to(cdt).reshape(*p.shape[:-1], p.shape[-1] // fmt.block_size, fmt.block_size)
+    s = _e8m0_table(cdt, p.device)[code.view(torch.uint8).to(torch.int32)]
+    return (pb * s.unsqueeze(-1)).reshape(p.shape).to(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _e8m0_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return e8m0_to_float(torch.arange(256, dtype=torch.uint8)).to(dtype).to(device)
 
 
 def per_tensor_amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -344,11 +356,24 @@ def encode_elements(p: torch.Tensor, fmt: BlockScaledFormat) -> torch.Tensor:
     return pack_bits(codes, 4) if fmt.element_bits == 4 else codes
 
 
-def decode_elements(qdata: torch.Tensor, fmt: BlockScaledFormat) -> torch.Tensor:
-    """The float32 element values of :func:`encode_elements`'s storage."""
+def decode_elements(qdata: torch.Tensor, fmt: BlockScaledFormat, dtype: torch.dtype = torch.float32
+                    ) -> torch.Tensor:
+    """The element values of :func:`encode_elements`'s storage, in ``dtype`` (exact in float32, bfloat16 and
+    float16). fp4 and fp6 codes are read through a table of every byte's values."""
     if fmt.element is None:
-        return qdata.to(torch.float32) / 64
+        return qdata.to(dtype) / 64
     if fmt.element_bits == 8:
-        return qdata.to(torch.float32)
-    codes = unpack_bits(qdata, 4, qdata.shape[-1] * 2) if fmt.element_bits == 4 else qdata
-    return fpx_codes.decode(codes, fmt.element)
+        return qdata.to(dtype)
+    table = _code_table(fmt, dtype, qdata.device)
+    out = F.embedding(qdata.to(torch.int32), table)  # fp4: [..., K/2, 2]; fp6: [..., K, 1]
+    return out.reshape(*qdata.shape[:-1], -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _code_table(fmt: BlockScaledFormat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Each byte's element values: fp4 ``[256, 2]`` (low nibble, high nibble), fp6 ``[256, 1]``."""
+    b = torch.arange(256, dtype=torch.uint8)
+    if fmt.element_bits == 4:
+        return torch.stack([fpx_codes.decode(b & 15, fmt.element), fpx_codes.decode(b >> 4, fmt.element)],
+                           -1).to(dtype).to(device)
+    return fpx_codes.decode(b & ((1 << fmt.element_bits) - 1), fmt.element).to(dtype).to(device).unsqueeze(-1)
