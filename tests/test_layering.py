@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("6a quantized modules", ("quanta.nn",)),
     ("6b export", ("quanta.export",)),
     ("6c simulation (QuantizationSimModel)", ("quanta.quantsim",)),
+    ("6c' ModelOpt's model-level API", ("quanta.modelopt",)),
     ("6d AIMET's import paths of the accuracy techniques",
      ("quanta.adaround", "quanta.batch_norm_fold", "quanta.bn_reestimation", "quanta.cross_layer_equalization",
       "quanta.mixed_precision", "quanta.quant_analyzer", "quanta.seq_mse")),

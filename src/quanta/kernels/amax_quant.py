@@ -53,6 +53,7 @@ from quanta.kernels.affine import codes_dtype
 from quanta.kernels.blocks import resolve_layout
 
 __all__ = [
+    "fake_e4m3_quant_modelopt",
     "EPSILON",
     "E4M3_MAX",
     "check_num_bits",
@@ -557,6 +558,24 @@ def fake_e4m3_quant(inputs: torch.Tensor, amax: torch.Tensor | float | None) -> 
     if _needs_grad(inputs):
         return ScaledE4M3Function.apply(inputs, amax, 4, 3)
     return _fake_e4m3_raw(inputs, amax)[0]
+
+
+def fake_e4m3_quant_modelopt(inputs: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's FP8 fake quant (``fp8_eager``, its CPU path), for the ModelOpt dialect (:mod:`quanta.modelopt`).
+
+    ``scale = 448.0 / amax`` as torch evaluates it (``reciprocal(amax) * 448``), ``out = e4m3(clamp(x * scale,
+    +-448)) * (1 / scale)``: two more roundings than :func:`fake_e4m3_quant` (``/ scale``), which is why the
+    TensorRT dialect keeps its own; an ``amax <= 2**-24`` counts as 1 (:func:`fake_e4m3_quant`: zeros). Computed
+    in float32 from ``x`` detached, returned in ``x``'s dtype; the caller supplies the gradient.
+
+    >>> fake_e4m3_quant_modelopt(torch.tensor([0.1, 0.3, 1.0, 3.0]), torch.tensor(1.0))
+    tensor([0.0982, 0.2857, 1.0000, 1.0000])
+    """
+    a = torch.as_tensor(amax).detach().to(torch.float32)
+    a = torch.where(a <= 1.0 / (1 << 24), torch.ones_like(a), a)
+    scale = 448.0 / a
+    v = (inputs.detach().to(torch.float32) * scale).clamp(min=-E4M3_MAX, max=E4M3_MAX)
+    return (v.to(torch.float8_e4m3fn).to(torch.float32) * (1 / scale)).to(inputs.dtype)
 
 
 def scaled_e4m3(inputs: torch.Tensor, amax: torch.Tensor | float | None = None, E: int = 4, M: int = 3  # noqa: N803

@@ -1,0 +1,96 @@
+"""The models and configs that ``generate_modelopt_models.py`` records with ModelOpt and ``test_modelopt_models.py``
+checks quanta against: a small CNN (its BatchNorm statistics settled on data) and a pre-LN transformer block.
+Imported by both, so it needs only torch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class CNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.avg = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.bn1(self.conv1(x))))
+        x = F.relu(self.bn2(self.conv2(x)))
+        return self.fc(torch.flatten(self.avg(x), 1))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: attention (qkv, proj) and a GELU MLP, hidden 256 (two int4 blocks of 128)."""
+
+    def __init__(self, d: int = 256, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def build(name: str) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor]:
+    """``(model in eval mode, calibration batches, test input)``, the same bits on every run of torch 2.13."""
+    g = torch.Generator().manual_seed(2026)
+    torch.manual_seed(11)
+    if name == "cnn":
+        model = CNN()
+        model.train()
+        with torch.no_grad():
+            for _ in range(8):  # settle the BatchNorm statistics on data
+                model(torch.randn(16, 3, 16, 16, generator=g))
+        model.eval()
+        calib = [torch.randn(8, 3, 16, 16, generator=g) for _ in range(3)]
+        x = torch.randn(4, 3, 16, 16, generator=g)
+    else:
+        model = Block().eval()
+        calib = [torch.randn(2, 12, 256, generator=g) for _ in range(3)]
+        x = torch.randn(2, 12, 256, generator=g)
+    return model, calib, x
+
+
+#: named configs whose calibration ModelOpt runs on the CPU with algorithm "max", plus custom ones in both formats
+NAMED = ["INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG"]
+
+
+def custom_configs() -> dict[str, dict]:
+    return {
+        "int4_per_channel_unsigned_inputs_legacy_dict": {
+            "quant_cfg": {"default": {"enable": False},
+                          "*weight_quantizer": {"num_bits": 4, "axis": 0},
+                          "*input_quantizer": {"num_bits": 8, "unsigned": False, "narrow_range": True},
+                          "*output_quantizer": {"enable": False},
+                          "nn.BatchNorm2d": {"*": {"enable": False}}},
+            "algorithm": "max"},
+        "w8a8_dynamic_inputs_and_output_quantizers": {
+            "quant_cfg": [{"quantizer_name": "*", "enable": False},
+                          {"quantizer_name": "*weight_quantizer", "cfg": {"num_bits": 8, "axis": 0}},
+                          {"quantizer_name": "*input_quantizer", "cfg": {"num_bits": 8, "type": "dynamic"}},
+                          {"quantizer_name": "*fc*output_quantizer", "cfg": {"num_bits": 6}},
+                          {"quantizer_name": "*", "parent_class": "nn.LayerNorm", "enable": False}],
+            "algorithm": "max"},
+        "int8_blocks_of_64_histogram_free": {
+            "quant_cfg": [{"quantizer_name": "*", "enable": False},
+                          {"quantizer_name": "*weight_quantizer",
+                           "cfg": {"num_bits": 8, "block_sizes": {-1: 64, "type": "static"}}},
+                          {"quantizer_name": "*input_quantizer", "cfg": {"num_bits": (4, 3)}}],
+            "algorithm": {"method": "max"}},
+    }
