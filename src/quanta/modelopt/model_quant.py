@@ -108,6 +108,19 @@ def _method(algorithm: Any) -> tuple[Optional[str], dict]:
     raise TypeError(f"algorithm must be None, a method name or {{'method': name, ...}}, got {algorithm!r}")
 
 
+def _check_algorithm(algorithm: Any) -> Optional[str]:
+    """The method name of ``algorithm`` if quanta.modelopt runs it (``"max"`` or None), else raise."""
+    method, kwargs = _method(algorithm)
+    if method in _ALGORITHMS_ELSEWHERE:
+        raise NotImplementedError(
+            f"calibration algorithm {method!r} is not in quanta.modelopt yet; use algorithm 'max' here, or "
+            "quanta.quantization.quantize_ with SmoothQuantConfig / AWQConfig / GPTQConfig for real quantized "
+            "weights")
+    if method not in (None, "max") or kwargs:
+        raise ValueError(f"unknown calibration algorithm {algorithm!r}; quanta.modelopt runs 'max' (or None)")
+    return method
+
+
 def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[ForwardLoop] = None) -> nn.Module:
     """Calibrate the quantizers of ``model``: ``"max"`` sets every static quantizer's amax from the weights and
     from what ``forward_loop(model)`` runs through the model (in float: quantization is off meanwhile).
@@ -116,16 +129,9 @@ def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[F
     ``"awq_clip"``, ``"mse"``...) raise ``NotImplementedError`` here: quanta runs SmoothQuant and AWQ through
     ``quanta.quantization.quantize_`` (``SmoothQuantConfig``, ``AWQConfig``) on real quantized weights.
     """
-    method, kwargs = _method(algorithm)
+    method = _check_algorithm(algorithm)
     if method is None:
         return model
-    if method in _ALGORITHMS_ELSEWHERE:
-        raise NotImplementedError(
-            f"calibration algorithm {method!r} is not in quanta.modelopt yet; use algorithm 'max' here, or "
-            "quanta.quantization.quantize_ with SmoothQuantConfig / AWQConfig / GPTQConfig for real quantized "
-            "weights")
-    if method != "max" or kwargs:
-        raise ValueError(f"unknown calibration algorithm {algorithm!r}; quanta.modelopt runs 'max' (or None)")
     if forward_loop is not None and not callable(forward_loop):
         raise TypeError(f"forward_loop must be a callable taking the model, got {forward_loop!r}")
     training = model.training
@@ -166,9 +172,7 @@ def quantize(model: nn.Module, config: dict, forward_loop: Optional[ForwardLoop]
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     entries, algorithm = check_config(config)
-    method, _ = _method(algorithm)
-    if method in _ALGORITHMS_ELSEWHERE:
-        calibrate(model, algorithm)  # raises NotImplementedError before anything changes
+    _check_algorithm(algorithm)  # before anything changes
     for e in entries:
         if e["parent_class"]:
             registered_class(e["parent_class"])
