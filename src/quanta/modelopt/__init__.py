@@ -8,7 +8,8 @@ legacy dict) and calibrates them (``"algorithm": "max"``). The named configs
 (``INT8_DEFAULT_CFG``, ``FP8_DEFAULT_CFG``, ``INT4_BLOCKWISE_WEIGHT_ONLY_CFG``,
 ``MXFP8_DEFAULT_CFG``, ``NVFP4_DEFAULT_CFG``...) are ModelOpt 0.47's; where ModelOpt runs on
 the CPU, quanta's outputs are ModelOpt's bit for bit, and the MX/NVFP4 configs, which
-ModelOpt runs only on CUDA, run here on the CPU.
+ModelOpt runs only on CUDA, run here on the CPU. ``mtq.auto_quantize`` picks a format per
+layer under an effective-bits budget.
 
 >>> import torch
 >>> import quanta.modelopt as mtq
@@ -53,12 +54,13 @@ from quanta.modelopt.model_quant import (
     set_quantizer_attribute,
     set_quantizer_by_cfg,
 )
+from quanta.modelopt.auto_quantize import auto_quantize
 from quanta.modelopt.modules import QuantModule
 from quanta.modelopt.tensor_quantizer import SequentialQuantizer, TensorQuantizer
 
 __all__ = [
     "quantize", "calibrate", "set_quantizer_by_cfg", "set_quantizer_attribute", "disable_quantizer",
-    "enable_quantizer", "print_quant_summary", "fold_weight", "is_quantized", "TensorQuantizer",
+    "enable_quantizer", "print_quant_summary", "fold_weight", "is_quantized", "auto_quantize", "TensorQuantizer",
     "SequentialQuantizer", "QuantModule", "QuantizerAttributeConfig", "choices",
     "INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "INT8_SMOOTHQUANT_CFG", "FP8_DEFAULT_CFG",
     "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "INT4_AWQ_CFG", "W4A8_AWQ_BETA_CFG", "MXFP8_DEFAULT_CFG", "MXFP4_DEFAULT_CFG",
