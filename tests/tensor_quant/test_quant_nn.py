@@ -237,3 +237,61 @@ def test_histogram_calibration_through_the_modules(method, kwargs):
     w = layer.weight.detach()
     expected = F.linear(_fq(x, torch.tensor(amax)), _fq(w, w.abs().amax(1, keepdim=True)), layer.bias)
     assert torch.equal(layer(x), expected)
+
+
+def test_resnet_built_under_quant_modules_exports_and_runs_in_onnxruntime(tmp_path):
+    """transformers' ResNet (torchvision's architecture) built under quant_modules.initialize(), BatchNorm settled
+    on data, calibrated with max, exported in TensorRT's Q/DQ form: onnxruntime gives the simulated logits to
+    within one output step."""
+    ort = pytest.importorskip("onnxruntime")
+    transformers = pytest.importorskip("transformers")
+    from quanta.tensor_quant.onnx_export import export_onnx, fb_fake_quant
+
+    cfg = transformers.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                                    layer_type="basic", num_labels=10)
+    torch.manual_seed(0)
+    with quant_modules.initialize():
+        model = transformers.ResNetForImageClassification(cfg)
+    assert nn.Conv2d.__name__ == "Conv2d"
+    convs = [m for m in model.modules() if isinstance(m, quant_nn.QuantConv2d)]
+    assert len(convs) == len([m for m in model.modules() if isinstance(m, nn.Conv2d)]) > 4
+    assert isinstance(model.classifier[1], quant_nn.QuantLinear)
+    g = torch.Generator().manual_seed(1)
+    quantizers = [m for m in model.modules() if isinstance(m, quant_nn.TensorQuantizer)]
+    for q in quantizers:
+        q.disable()
+    model.train()
+    with torch.no_grad():  # settle BatchNorm on data (random init makes activations vanish otherwise)
+        for _ in range(6):
+            model(torch.randn(8, 3, 32, 32, generator=g))
+    model.eval()
+    for q in quantizers:
+        q.enable()
+        q.disable_quant()
+        q.enable_calib()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(8, 3, 32, 32, generator=g))
+    for q in quantizers:
+        q.load_calib_amax()
+        q.disable_calib()
+        q.enable_quant()
+
+    class Logits(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(pixel_values=x).logits
+
+    wrapped = Logits(model).eval()
+    path = tmp_path / "resnet.onnx"
+    export_onnx(wrapped, (torch.randn(1, 3, 32, 32),), path, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    x = torch.randn(4, 3, 32, 32, generator=g)
+    got = torch.from_numpy(ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0])
+    with torch.no_grad(), fb_fake_quant():
+        sim = wrapped(x)
+    step = float(model.classifier[1].input_quantizer.amax) / 127 * float(model.classifier[1].weight.abs().sum(1).max())
+    assert float((got - sim).abs().max()) <= step
+    assert float((got - sim).abs().max()) < 1e-4 * float(sim.abs().max()) + 1e-5
