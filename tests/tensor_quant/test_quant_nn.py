@@ -295,3 +295,44 @@ def test_resnet_built_under_quant_modules_exports_and_runs_in_onnxruntime(tmp_pa
     step = float(model.classifier[1].input_quantizer.amax) / 127 * float(model.classifier[1].weight.abs().sum(1).max())
     assert float((got - sim).abs().max()) <= step
     assert float((got - sim).abs().max()) < 1e-4 * float(sim.abs().max()) + 1e-5
+
+
+def test_fp8_quantizers_export_as_float8_qdq(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from quanta.tensor_quant.onnx_export import export_onnx, fb_fake_quant
+
+    fp8 = QuantDescriptor(num_bits=(4, 3))
+    fp8_w = QuantDescriptor(num_bits=(4, 3), axis=0)
+    torch.manual_seed(0)
+    model = nn.Sequential(quant_nn.QuantConv2d(3, 8, 3, quant_desc_input=fp8, quant_desc_weight=fp8_w), nn.ReLU(),
+                          nn.Flatten(), quant_nn.QuantLinear(8 * 6 * 6, 5, quant_desc_input=fp8,
+                                                             quant_desc_weight=fp8_w)).eval()
+    quantizers = [m for m in model.modules() if isinstance(m, quant_nn.TensorQuantizer)]
+    for q in quantizers:
+        q.disable_quant()
+        q.enable_calib()
+    with torch.no_grad():
+        model(torch.randn(8, 3, 8, 8))
+    for q in quantizers:
+        q.load_calib_amax()
+        q.disable_calib()
+        q.enable_quant()
+    path = tmp_path / "fp8.onnx"
+    with pytest.raises(ValueError, match="FP8 needs opset_version >= 19"):
+        export_onnx(model, (torch.randn(1, 3, 8, 8),), path)
+    export_onnx(model, (torch.randn(1, 3, 8, 8),), path, opset_version=19, input_names=["x"],
+                dynamic_axes={"x": {0: "batch"}})
+    graph = onnx.load(path).graph
+    qs = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert len(qs) == 4
+    zero_types = {n.attribute[0].t.data_type for n in graph.node if n.op_type == "Constant"
+                  and n.output[0] in {q.input[2] for q in qs}}
+    assert zero_types == {onnx.TensorProto.FLOAT8E4M3FN}
+    x = torch.randn(3, 3, 8, 8)
+    got = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0]
+    with torch.no_grad(), fb_fake_quant():
+        expected = model(x)
+    assert abs(got - expected.numpy()).max() < 1e-5
+    with torch.no_grad():  # quanta's own FP8 fake quantization (x * 448/amax, / scale): the same up to rounding
+        torch.testing.assert_close(model(x), expected, rtol=0.07, atol=1e-3)

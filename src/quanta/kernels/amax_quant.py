@@ -54,6 +54,7 @@ from quanta.kernels.blocks import resolve_layout
 
 __all__ = [
     "fake_e4m3_quant_modelopt",
+    "fake_e4m3_quant_onnx",
     "EPSILON",
     "E4M3_MAX",
     "check_num_bits",
@@ -663,3 +664,48 @@ def fake_tensor_quant_onnx(inputs: torch.Tensor, amax: torch.Tensor, axis: int |
         zero = torch.zeros(scale.shape, dtype=torch.int32, device=x.device)
         out = torch.fake_quantize_per_channel_affine(x, scale, zero, axis, min_bound, max_bound)
     return out if float32 else out.to(inputs.dtype)
+
+
+class _E4M3QDQ(torch.autograd.Function):
+    """``DequantizeLinear(QuantizeLinear(x, s, float8 0), s, float8 0)`` computed and exported as such."""
+
+    @staticmethod
+    def forward(ctx, x, scale, axis):  # type: ignore[override]
+        xf = x.detach().float()
+        s = scale if axis is None else scale.reshape([-1 if d == axis else 1 for d in range(x.dim())])
+        ctx.save_for_backward((xf / s).abs() <= E4M3_MAX)
+        return ((xf / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (inside,) = ctx.saved_tensors
+        return torch.where(inside, grad, torch.zeros_like(grad)), None, None
+
+    @staticmethod
+    def symbolic(g, x, scale, axis):
+        zero = g.op("Constant", value_t=torch.zeros(tuple(scale.type().sizes()), dtype=torch.float8_e4m3fn))
+        kw = {} if axis is None else {"axis_i": axis}
+        q = g.op("QuantizeLinear", x, scale, zero, **kw)
+        return g.op("DequantizeLinear", q, scale, zero, **kw)
+
+
+def fake_e4m3_quant_onnx(inputs: torch.Tensor, amax: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """FP8 fake quantization as ONNX computes it (opset 19 QuantizeLinear/DequantizeLinear with a
+    ``float8e4m3fn`` zero point): ``e4m3(clamp(x / s, +-448)) * s``, ``s = amax / 448`` per tensor or per index
+    of ``axis``; ``torch.onnx.export`` writes it as that Q/DQ pair (the FP8 path of ``use_fb_fake_quant``).
+
+    >>> fake_e4m3_quant_onnx(torch.tensor([0.1, 0.3, 1.0, 3.0]), torch.tensor(1.0), None)
+    tensor([0.0982, 0.2857, 1.0000, 1.0000])
+    """
+    a = amax.detach().float()
+    if bool((a <= 0).any()) or not bool(torch.isfinite(a).all()):
+        raise ValueError("FP8 ONNX export needs a positive, finite amax")
+    if axis is None:
+        if a.numel() != 1:
+            raise ValueError(f"a per-tensor amax must hold one value, got shape {tuple(a.shape)}")
+        scale = (a / E4M3_MAX).reshape(())
+    else:
+        scale = a.reshape(-1) / E4M3_MAX
+        if scale.numel() != inputs.shape[axis]:
+            raise ValueError(f"amax has {scale.numel()} values for axis {axis} of size {inputs.shape[axis]}")
+    return _E4M3QDQ.apply(inputs, scale, axis)

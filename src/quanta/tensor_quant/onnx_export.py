@@ -2,7 +2,8 @@
 
 Every enabled :class:`~quanta.tensor_quant.TensorQuantizer` becomes a QuantizeLinear/DequantizeLinear pair
 with zero point 0 (symmetric int8: inputs per tensor, weights per output channel, ``narrow_range`` as the
-descriptor says) — the graph ``torch.onnx.export`` writes while ``TensorQuantizer.use_fb_fake_quant`` is True
+descriptor says; FP8 quantizers, ``num_bits=(4, 3)``: a ``float8e4m3fn`` zero point and scale ``amax / 448``,
+opset 19 or later) — the graph ``torch.onnx.export`` writes while ``TensorQuantizer.use_fb_fake_quant`` is True
 (pytorch_quantization's procedure), which :func:`export_onnx` sets around the export after checking that the
 model can be exported that way: every enabled quantizer calibrated (a static ``amax``), integer, per tensor or
 one axis.
@@ -50,13 +51,13 @@ def fb_fake_quant() -> Iterator[None]:
         TensorQuantizer.use_fb_fake_quant = old
 
 
-def _check_exportable(model: nn.Module) -> None:
+def _check_exportable(model: nn.Module, opset_version: int) -> None:
     problems = []
     for name, q in model.named_modules():
         if not isinstance(q, TensorQuantizer) or q._disabled or not q._if_quant:
             continue
-        if is_fp8(q.num_bits):
-            problems.append(f"{name}: FP8 (not supported by this export yet)")
+        if is_fp8(q.num_bits) and opset_version < 19:
+            problems.append(f"{name}: FP8 needs opset_version >= 19 (float8 QuantizeLinear), got {opset_version}")
         elif not q.fake_quant:
             problems.append(f"{name}: real quantization (fake_quant=False); export the fake-quantized model")
         elif q.amax is None and not q._learn_amax:
@@ -80,7 +81,7 @@ def export_onnx(model: nn.Module, args: tuple[Any, ...], path: str | os.PathLike
         raise TypeError(f"args must be a tuple of the model's inputs, got {type(args).__name__}")
     if isinstance(opset_version, bool) or not isinstance(opset_version, int) or opset_version < 13:
         raise ValueError(f"opset_version must be an int >= 13 (per-channel DequantizeLinear), got {opset_version!r}")
-    _check_exportable(model)
+    _check_exportable(model, opset_version)
     was_training = model.training
     model.eval()
     try:

@@ -57,6 +57,7 @@ from quanta.kernels.amax_quant import (
     amax_scale,
     e4m3_quant,
     fake_e4m3_quant,
+    fake_e4m3_quant_onnx,
     fake_tensor_quant,
     fake_tensor_quant_onnx,
     is_fp8,
@@ -377,7 +378,9 @@ class TensorQuantizer(nn.Module):
         else:
             amax = self._get_amax(inputs)
         fp8 = is_fp8(self._num_bits)
-        if self._fake_quant and not fp8 and type(self).use_fb_fake_quant:
+        if self._fake_quant and type(self).use_fb_fake_quant:
+            if fp8:
+                return fake_e4m3_quant_onnx(inputs, amax, self._single_axis(inputs))
             return fake_tensor_quant_onnx(inputs, amax, self._single_axis(inputs), self._num_bits, self._unsigned,
                                           self._narrow_range)
         if self._fake_quant:
