@@ -10,6 +10,8 @@ arguments ``quant_desc_input`` / ``quant_desc_weight`` or from the class default
     QuantLinear, QuantConv1d/2d/3d, QuantConvTranspose1d/2d/3d     input per tensor; weight per output channel
     QuantMaxPool1d/2d/3d, QuantAvgPool1d/2d/3d,                   input per tensor
     QuantAdaptiveAvgPool1d/2d/3d
+    QuantLSTM, QuantLSTMCell                                      fused [x, h] per tensor; fused weights per row
+                                                                  (:mod:`quanta.tensor_quant.rnn`)
 
 (default descriptors as pytorch_quantization's: 8 bits, ``QUANT_DESC_8BIT_PER_TENSOR`` for inputs and the
 ``QUANT_DESC_8BIT_*_WEIGHT_PER_*`` ones for weights). Only fake quantization is supported, as there.
@@ -25,7 +27,6 @@ torch.Size([3, 2])
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -40,8 +41,11 @@ from quanta.tensor_quant.descriptor import (
     QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL,
     QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL,
     QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW,
-    QUANT_DESC_8BIT_PER_TENSOR,
-    ScaledQuantDescriptor,
+)
+from quanta.tensor_quant.module_base import (
+    QuantInputMixin,
+    QuantMixin,
+    pop_quant_desc_in_kwargs,
 )
 from quanta.tensor_quant.quantizer import TensorQuantizer
 
@@ -53,73 +57,13 @@ __all__ = [
     "QuantAdaptiveAvgPool1d", "QuantAdaptiveAvgPool2d", "QuantAdaptiveAvgPool3d",
     "Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
     "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
-    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "QuantLSTM", "QuantLSTMCell", "LSTM", "LSTMCell",
 ]
 
 
 # the float classes, bound now: quant_modules.initialize() replaces them in torch.nn by the classes below
 _FLOAT = {name: getattr(nn, name) for name in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
                                                "ConvTranspose2d", "ConvTranspose3d")}
-
-
-def _descriptor(value: object, what: str) -> ScaledQuantDescriptor:
-    if not isinstance(value, ScaledQuantDescriptor):
-        raise TypeError(f"{what} must be a QuantDescriptor, got {type(value).__name__}")
-    if not value.fake_quant:
-        raise ValueError(f"{what}: only fake quantization is supported in quantized modules (fake_quant=True)")
-    return value
-
-
-class QuantInputMixin:
-    """An ``input_quantizer`` built from ``default_quant_desc_input`` or the ``quant_desc_input`` keyword."""
-
-    default_quant_desc_input: ScaledQuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
-
-    @classmethod
-    def set_default_quant_desc_input(cls, value: ScaledQuantDescriptor) -> None:
-        """The input descriptor of the instances of ``cls`` (and its subclasses) built from now on."""
-        cls.default_quant_desc_input = copy.deepcopy(_descriptor(value, "quant_desc_input"))
-
-    def init_quantizer(self, quant_desc_input: ScaledQuantDescriptor) -> None:
-        self._input_quantizer = TensorQuantizer(_descriptor(quant_desc_input, "quant_desc_input"))
-
-    @property
-    def input_quantizer(self) -> TensorQuantizer:
-        return self._input_quantizer
-
-
-class QuantMixin(QuantInputMixin):
-    """``input_quantizer`` and ``weight_quantizer`` (``default_quant_desc_weight`` or ``quant_desc_weight``)."""
-
-    default_quant_desc_weight: ScaledQuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
-
-    @classmethod
-    def set_default_quant_desc_weight(cls, value: ScaledQuantDescriptor) -> None:
-        """The weight descriptor of the instances of ``cls`` (and its subclasses) built from now on."""
-        cls.default_quant_desc_weight = copy.deepcopy(_descriptor(value, "quant_desc_weight"))
-
-    def init_quantizer(self, quant_desc_input: ScaledQuantDescriptor,  # type: ignore[override]
-                       quant_desc_weight: ScaledQuantDescriptor) -> None:
-        super().init_quantizer(quant_desc_input)
-        self._weight_quantizer = TensorQuantizer(_descriptor(quant_desc_weight, "quant_desc_weight"))
-
-    @property
-    def weight_quantizer(self) -> TensorQuantizer:
-        return self._weight_quantizer
-
-
-def pop_quant_desc_in_kwargs(quant_cls: type, input_only: bool = False, **kwargs: Any):
-    """``(quant_desc_input, quant_desc_weight)`` (or the input one alone) from ``kwargs`` or ``quant_cls``'s
-    defaults; ``TypeError`` for any other keyword, as pytorch_quantization."""
-    desc_input = kwargs.pop("quant_desc_input", quant_cls.default_quant_desc_input)
-    if input_only:
-        if kwargs:
-            raise TypeError(f"unused keyword arguments: {sorted(kwargs)}")
-        return desc_input
-    desc_weight = kwargs.pop("quant_desc_weight", quant_cls.default_quant_desc_weight)
-    if kwargs:
-        raise TypeError(f"unused keyword arguments: {sorted(kwargs)}")
-    return desc_input, desc_weight
 
 
 def _split_quant_kwargs(kwargs: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -255,3 +199,8 @@ MaxPool1d, MaxPool2d, MaxPool3d = QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d
 AvgPool1d, AvgPool2d, AvgPool3d = QuantAvgPool1d, QuantAvgPool2d, QuantAvgPool3d
 AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d = (QuantAdaptiveAvgPool1d, QuantAdaptiveAvgPool2d,
                                                            QuantAdaptiveAvgPool3d)
+
+
+from quanta.tensor_quant.rnn import QuantLSTM, QuantLSTMCell  # noqa: E402
+
+LSTM, LSTMCell = QuantLSTM, QuantLSTMCell

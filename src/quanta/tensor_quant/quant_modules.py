@@ -39,6 +39,8 @@ _DEFAULT_QUANT_MAP: list[tuple[ModuleType, str, type]] = [
     (torch.nn, "ConvTranspose2d", quant_nn.QuantConvTranspose2d),
     (torch.nn, "ConvTranspose3d", quant_nn.QuantConvTranspose3d),
     (torch.nn, "Linear", quant_nn.QuantLinear),
+    (torch.nn, "LSTM", quant_nn.QuantLSTM),
+    (torch.nn, "LSTMCell", quant_nn.QuantLSTMCell),
     (torch.nn, "MaxPool1d", quant_nn.QuantMaxPool1d),
     (torch.nn, "MaxPool2d", quant_nn.QuantMaxPool2d),
     (torch.nn, "MaxPool3d", quant_nn.QuantMaxPool3d),
