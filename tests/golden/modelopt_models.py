@@ -67,8 +67,9 @@ def build(name: str) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor]:
     return model, calib, x
 
 
-#: named configs whose calibration ModelOpt runs on the CPU with algorithm "max", plus custom ones in both formats
-NAMED = ["INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG"]
+#: named configs ModelOpt runs on the CPU ("max" and "smoothquant"), plus custom ones in both formats
+NAMED = ["INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
+         "INT8_SMOOTHQUANT_CFG"]
 
 
 def custom_configs() -> dict[str, dict]:
@@ -87,6 +88,11 @@ def custom_configs() -> dict[str, dict]:
                           {"quantizer_name": "*fc*output_quantizer", "cfg": {"num_bits": 6}},
                           {"quantizer_name": "*", "parent_class": "nn.LayerNorm", "enable": False}],
             "algorithm": "max"},
+        "smoothquant_alpha_half": {
+            "quant_cfg": [{"quantizer_name": "*", "enable": False},
+                          {"quantizer_name": "*weight_quantizer", "cfg": {"num_bits": 8, "axis": 0}},
+                          {"quantizer_name": "*input_quantizer", "cfg": {"num_bits": 8}}],
+            "algorithm": {"method": "smoothquant", "alpha": 0.5}},
         "int8_blocks_of_64_histogram_free": {
             "quant_cfg": [{"quantizer_name": "*", "enable": False},
                           {"quantizer_name": "*weight_quantizer",

@@ -38,5 +38,6 @@ def test_quantize_matches_modelopt(case):
 def test_the_recording_covers_the_cpu_configs():
     done = {(c["model"], c["config"]) for c in GOLDEN["cases"] if "error" not in c}
     for model in ("cnn", "block"):
-        for name in ("INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG"):
+        for name in ("INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
+                     "INT8_SMOOTHQUANT_CFG"):
             assert (model, name) in done

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
+from quanta.modelopt.algorithms import alpha_of, finish_smoothquant, smoothquant_layers
 from quanta.modelopt.config import QuantizerAttributeConfig, check_config, normalize_quant_cfg_list
 from quanta.modelopt.modules import convert, fold_weight, is_quantized, quantizers, registered_class
 from quanta.modelopt.tensor_quantizer import SequentialQuantizer, TensorQuantizer
@@ -33,7 +34,7 @@ __all__ = ["quantize", "calibrate", "set_quantizer_by_cfg", "set_quantizer_attri
            "enable_quantizer", "print_quant_summary", "fold_weight", "is_quantized"]
 
 ForwardLoop = Callable[[nn.Module], Any]
-_ALGORITHMS_ELSEWHERE = ("smoothquant", "awq_lite", "awq_full", "awq_clip", "mse", "local_hessian", "gptq",
+_ALGORITHMS_ELSEWHERE = ("awq_lite", "awq_full", "awq_clip", "mse", "local_hessian", "gptq",
                          "svdquant")
 
 
@@ -113,31 +114,22 @@ def _check_algorithm(algorithm: Any) -> Optional[str]:
     method, kwargs = _method(algorithm)
     if method in _ALGORITHMS_ELSEWHERE:
         raise NotImplementedError(
-            f"calibration algorithm {method!r} is not in quanta.modelopt yet; use algorithm 'max' here, or "
-            "quanta.quantization.quantize_ with SmoothQuantConfig / AWQConfig / GPTQConfig for real quantized "
-            "weights")
-    if method not in (None, "max") or kwargs:
-        raise ValueError(f"unknown calibration algorithm {algorithm!r}; quanta.modelopt runs 'max' (or None)")
+            f"calibration algorithm {method!r} is not in quanta.modelopt yet; use 'max' or 'smoothquant' here, "
+            "or quanta.quantization.quantize_ with AWQConfig / GPTQConfig for real quantized weights")
+    if method == "smoothquant":
+        alpha_of(kwargs)
+    elif method not in (None, "max") or kwargs:
+        raise ValueError(f"unknown calibration algorithm {algorithm!r}; quanta.modelopt runs 'max', 'smoothquant' "
+                         "(or None)")
     return method
 
 
-def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[ForwardLoop] = None) -> nn.Module:
-    """Calibrate the quantizers of ``model``: ``"max"`` sets every static quantizer's amax from the weights and
-    from what ``forward_loop(model)`` runs through the model (in float: quantization is off meanwhile).
-
-    ``None`` does nothing. ModelOpt's other algorithms (``"smoothquant"``, ``"awq_lite"``, ``"awq_full"``,
-    ``"awq_clip"``, ``"mse"``...) raise ``NotImplementedError`` here: quanta runs SmoothQuant and AWQ through
-    ``quanta.quantization.quantize_`` (``SmoothQuantConfig``, ``AWQConfig``) on real quantized weights.
-    """
-    method = _check_algorithm(algorithm)
-    if method is None:
-        return model
-    if forward_loop is not None and not callable(forward_loop):
-        raise TypeError(f"forward_loop must be a callable taking the model, got {forward_loop!r}")
-    training = model.training
-    model.eval()
+def _max_calibrate(model: nn.Module, forward_loop: Optional[ForwardLoop]) -> None:
+    """ModelOpt's "max": every enabled quantizer of ``model`` passes its input through unchanged (quantization
+    off) while it collects; every weight is collected, then what ``forward_loop`` runs; then each static
+    quantizer whose calibrator saw data takes its amax."""
     active = [q for _, q in _leaves(model) if q.is_enabled]
-    for q in active:  # every enabled quantizer passes its input through unchanged while the data runs
+    for q in active:
         q.disable_quant()
         q.enable_calib()
     try:
@@ -158,7 +150,37 @@ def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[F
         mx = q._dynamic_block is not None and tuple(q._dynamic_block.get("scale_bits", ())) == (8, 0)
         if not q._dynamic and not mx:
             q.load_calib_amax(strict=False)
-    model.train(training)
+
+
+def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[ForwardLoop] = None) -> nn.Module:
+    """Calibrate the quantizers of ``model`` by ``algorithm``.
+
+    ``"max"``: every static quantizer's amax from the weights and from what ``forward_loop(model)`` runs through
+    the model (in float: quantization is off meanwhile). ``"smoothquant"`` (``{"method": "smoothquant",
+    "alpha": a}``): SmoothQuant on the int8 Linear layers (:mod:`quanta.modelopt.algorithms`), then "max".
+    ``None`` does nothing. ModelOpt's other algorithms (``"awq_lite"``, ``"awq_full"``, ``"awq_clip"``,
+    ``"mse"``...) raise ``NotImplementedError``: quanta runs AWQ and GPTQ through
+    ``quanta.quantization.quantize_`` (``AWQConfig``, ``GPTQConfig``) on real quantized weights.
+    """
+    method = _check_algorithm(algorithm)
+    if method is None:
+        return model
+    if forward_loop is not None and not callable(forward_loop):
+        raise TypeError(f"forward_loop must be a callable taking the model, got {forward_loop!r}")
+    training = model.training
+    model.eval()
+    try:
+        if method == "smoothquant":
+            if forward_loop is None:
+                raise ValueError("smoothquant needs forward_loop (it calibrates on the activations)")
+            alpha = alpha_of(_method(algorithm)[1])
+            layers = smoothquant_layers(model)
+            _max_calibrate(model, forward_loop)
+            finish_smoothquant(layers, alpha, lambda m: _max_calibrate(m, lambda mm: mm.weight_quantizer(mm.weight)))
+        else:
+            _max_calibrate(model, forward_loop)
+    finally:
+        model.train(training)
     return model
 
 
@@ -172,7 +194,8 @@ def quantize(model: nn.Module, config: dict, forward_loop: Optional[ForwardLoop]
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     entries, algorithm = check_config(config)
-    _check_algorithm(algorithm)  # before anything changes
+    if _check_algorithm(algorithm) == "smoothquant" and forward_loop is None:  # before anything changes
+        raise ValueError("smoothquant needs forward_loop (it calibrates on the activations)")
     for e in entries:
         if e["parent_class"]:
             registered_class(e["parent_class"])

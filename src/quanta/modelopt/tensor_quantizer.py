@@ -79,7 +79,6 @@ class TensorQuantizer(nn.Module):
         super().__init__()
         self._attrs: dict[str, Any] = dict(_DEFAULTS)
         self._if_quant, self._if_calib = bool(if_quant), bool(if_calib)
-        self.pre_quant_scale: Optional[torch.Tensor] = None
         self._calibrator = None
         self.set_from_attribute_config(quant_attribute_cfg if quant_attribute_cfg is not None
                                        else QuantizerAttributeConfig())
@@ -103,7 +102,8 @@ class TensorQuantizer(nn.Module):
         check_attributes(new)
         changed = {k for k in ("num_bits", "axis", "unsigned", "calibrator", "block_sizes") if new[k] != self._attrs[k]}
         self._attrs = new
-        if changed or self._calibrator is None:
+        # a full configuration (or a new grid) starts a fresh calibrator, as ModelOpt's calibrator setter does
+        if changed or self._calibrator is None or isinstance(attribute_cfg, QuantizerAttributeConfig):
             self._make_calibrator()
 
     def _make_calibrator(self) -> None:
@@ -178,7 +178,25 @@ class TensorQuantizer(nn.Module):
             self.register_buffer("_amax", t)
 
     def reset_amax(self) -> None:
+        """Forget the amax and what the calibrator collected."""
         self._buffers.pop("_amax", None)
+        if self._calibrator is not None:
+            self._calibrator.reset()
+
+    @property
+    def pre_quant_scale(self) -> Optional[torch.Tensor]:
+        """A per-channel factor the input is multiplied by before quantization (SmoothQuant, AWQ), or None."""
+        return self._buffers.get("_pre_quant_scale")
+
+    @pre_quant_scale.setter
+    def pre_quant_scale(self, value: Optional[torch.Tensor]) -> None:
+        if value is None:
+            self._buffers.pop("_pre_quant_scale", None)
+            return
+        t = torch.as_tensor(value).detach().clone()
+        if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
+            raise ValueError("pre_quant_scale must be positive and finite")
+        self._buffers["_pre_quant_scale"] = t
 
     # -- switches -----------------------------------------------------------------------------------------
     def disable(self) -> None:
@@ -263,7 +281,7 @@ class TensorQuantizer(nn.Module):
             return inputs
         x = inputs
         if self.pre_quant_scale is not None:
-            x = x * self.pre_quant_scale.to(x.dtype)
+            x = x * self.pre_quant_scale
         shape = None
         if self.is_static_block_quant:
             x, shape = self._blocks(x)
@@ -313,9 +331,10 @@ class TensorQuantizer(nn.Module):
     # -- state --------------------------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:
-        key = prefix + "_amax"
-        if key in state_dict and "_amax" not in self._buffers:
-            self.register_buffer("_amax", torch.empty_like(state_dict[key], dtype=torch.float32))
+        for name in ("_amax", "_pre_quant_scale"):
+            key = prefix + name
+            if key in state_dict and name not in self._buffers:
+                self.register_buffer(name, torch.empty_like(state_dict[key]))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
