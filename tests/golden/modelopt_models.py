@@ -63,13 +63,13 @@ def build(name: str) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor]:
     else:
         model = Block().eval()
         calib = [torch.randn(2, 12, 256, generator=g) for _ in range(3)]
-        x = torch.randn(2, 12, 256, generator=g)
+        x = torch.randn(1, 6, 256, generator=g)
     return model, calib, x
 
 
-#: named configs ModelOpt runs on the CPU ("max" and "smoothquant"), plus custom ones in both formats
+#: named configs ModelOpt runs on the CPU ("max", "smoothquant", "awq_lite"), plus custom ones in both formats
 NAMED = ["INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
-         "INT8_SMOOTHQUANT_CFG"]
+         "INT8_SMOOTHQUANT_CFG", "INT4_AWQ_CFG", "W4A8_AWQ_BETA_CFG"]
 
 
 def custom_configs() -> dict[str, dict]:

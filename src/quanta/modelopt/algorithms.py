@@ -1,4 +1,4 @@
-"""ModelOpt's calibration algorithms beyond ``"max"``: ``"smoothquant"``.
+"""ModelOpt's calibration algorithms beyond ``"max"``: ``"smoothquant"`` and ``"awq_lite"``.
 
 **smoothquant** (``{"method": "smoothquant", "alpha": 1.0}``, ModelOpt's default
 alpha), on every Linear whose input and weight quantizers are 8-bit integers:
@@ -19,15 +19,16 @@ ModelOpt 0.47's order of float operations (bit for bit on the recorded models).
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from quanta.modelopt.modules import QuantModule
 from quanta.modelopt.tensor_quantizer import TensorQuantizer
 
-__all__ = ["smoothquant_layers", "finish_smoothquant"]
+__all__ = ["smoothquant_layers", "finish_smoothquant", "smooth", "awq_lite", "alpha_of"]
 
 
 def _is_linear(m: nn.Module) -> bool:
@@ -67,22 +68,38 @@ def finish_smoothquant(layers: list[tuple[str, nn.Module]], alpha: float,
             raise ValueError(f"{name} has only one input channel to smooth")
         act_amax = iq.amax.float()
         weight_scale = m.weight.abs().amax(dim=0, keepdim=True)
-        dtype = m.weight.dtype
         scale = (weight_scale.pow(1 - alpha) / act_amax.pow(alpha)).squeeze()
         for_smoothing = act_amax.cpu()
         iq.reset_amax()
         iq.set_from_attribute_config({"axis": None})
+        iq.amax = act_amax.amax()
         eps = 1.0 / (1 << 31)
         if scale.min() <= eps:
             scale[(act_amax <= eps).reshape(scale.shape)] = 1
-        scale = scale.clamp(min=1e-4, max=1e4).to(torch.float32)
-        iq.pre_quant_scale = scale.to(dtype)
-        m.weight.data.copy_((m.weight * (1.0 / scale).squeeze()[None, :]).to(dtype))
-        wq.reset_amax()
-        recalibrate_weight(m)
-        iq.amax = (for_smoothing.to(device=m.weight.device, dtype=dtype) * scale.to(m.weight.device)).amax().to(dtype)
+        scale = scale.clamp(min=1e-4, max=1e4)
+        smooth(m, scale, for_smoothing, recalibrate_weight)
         done += 1
     return done
+
+
+@torch.no_grad()
+def smooth(m: nn.Module, pre_quant_scale: torch.Tensor, amax_for_smoothing: Optional[torch.Tensor],
+           recalibrate_weight: Callable[[nn.Module], None]) -> None:
+    """The input quantizer multiplies by ``pre_quant_scale``, the weight's columns are divided by it, the
+    weight's amax is recalibrated and the input's set to ``max(amax_for_smoothing * pre_quant_scale)``
+    (ModelOpt's ``apply_pre_quant_scale_and_smooth``)."""
+    iq, wq = m.input_quantizer, m.weight_quantizer
+    pqs = pre_quant_scale.to(torch.float32)
+    if not bool((pqs > 0).all()):
+        raise ValueError("pre_quant_scale must be positive")
+    dtype = m.weight.dtype
+    iq.pre_quant_scale = pqs.to(dtype)
+    m.weight.data.copy_((m.weight * (1.0 / pqs).to(m.weight.device).squeeze()[None, :]).to(dtype))
+    wq.reset_amax()
+    recalibrate_weight(m)
+    if iq.amax is not None and amax_for_smoothing is not None:
+        iq.amax = (amax_for_smoothing.to(device=m.weight.device, dtype=dtype) * pqs.to(m.weight.device)).amax().to(
+            dtype)
 
 
 def alpha_of(kwargs: dict) -> float:
@@ -94,3 +111,157 @@ def alpha_of(kwargs: dict) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
         raise ValueError(f"smoothquant alpha must be in [0, 1], got {alpha!r}")
     return float(alpha)
+
+
+# --------------------------------------------------------------------------- AWQ (lite)
+class _AWQLite:
+    """One Linear's state in ``awq_lite``: its activation and weight statistics and each alpha's loss."""
+
+    def __init__(self, m: nn.Module, alpha_step: float) -> None:
+        wq = m.weight_quantizer
+        bs = wq.block_sizes
+        self.block_size = None if bs is None else bs.get(-1, bs.get(1))
+        self.weight_scale = _weight_scale(m.weight.detach(), self.block_size)
+        self.loss = {k.item(): torch.zeros((), dtype=torch.float32)
+                     for k in torch.arange(0, 1.0 + alpha_step, alpha_step)}
+        self.act_scale: Any = 0.0
+        self.cache_steps = 0
+        self.search_steps = 0
+        self.is_input_quantized = m.input_quantizer.is_enabled
+        self.enabled = True
+        self.cache_mode = True
+
+
+def _weight_scale(w: torch.Tensor, block: Optional[int]) -> torch.Tensor:
+    """Mean over the output rows of ``|w|`` relative to its block's (or row's) largest magnitude."""
+    shape, cut = w.shape, None
+    if block:
+        if shape[-1] % block:
+            cut = slice(shape[-1])
+            w = F.pad(w, (0, block - shape[-1] % block), "constant", 0)
+            shape = w.shape
+        w = w.contiguous().view(-1, block)
+    a = w.abs()
+    scale = (a / (a.amax(dim=1, keepdim=True) + torch.finfo(w.dtype).tiny)).view(shape)
+    if cut is not None:
+        scale = scale[..., cut]
+    return scale.mean(0).to(torch.float32)
+
+
+def _act_scale(x: torch.Tensor) -> torch.Tensor:
+    return x.abs().contiguous().view(-1, x.shape[-1]).mean(0).to(torch.float32)
+
+
+def _awq_scale(x_max: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``s = x_max**alpha / w_max**(1 - alpha)``, clamped to [1e-4, 1e4], normalised so ``max(s) min(s) = 1``."""
+    s = (x_max.pow(alpha) / (w_max.to(x_max.device).pow(1 - alpha) + torch.finfo(torch.float32).tiny)).clamp(
+        min=1e-4, max=1e4).view(-1)
+    return (s / (s.max() * s.min()).sqrt()).view(-1)
+
+
+def _awq_forward(max_calibrate: Callable[[nn.Module, Callable], None]):
+    def forward(m: nn.Module, input: torch.Tensor, *args, **kwargs):
+        h: _AWQLite = m.__dict__["_awq_lite"]
+        iq, wq = m.input_quantizer, m.weight_quantizer
+        wq.disable()
+        iq.pre_quant_scale = None
+        wq.pre_quant_scale = None
+        out_actual = m.quant_forward(input, *args, **kwargs)
+        wq.enable()
+        if input.numel() == 0 or not h.enabled:
+            return out_actual
+        if h.cache_mode:
+            h.act_scale = h.act_scale + _act_scale(iq(input))
+            h.cache_steps += 1
+            if h.is_input_quantized:
+                iq.enable()
+                try:
+                    max_calibrate(iq, lambda q: q(input))
+                finally:
+                    iq.disable()
+            return out_actual
+        for alpha in h.loss:
+            s = _awq_scale(h.act_scale, h.weight_scale, alpha)
+            iq.pre_quant_scale = (1 / s).to(m.weight.dtype)
+            wq.pre_quant_scale = s.to(m.weight.dtype)
+            out = m.quant_forward(input, *args, **kwargs)
+            h.loss[alpha] += (out - out_actual).float().pow(2).mean()
+        h.search_steps += 1
+        return out_actual
+    return forward
+
+
+def awq_lite(model: nn.Module, forward_loop: Callable, alpha_step: float,
+             stats_on: Callable[[nn.Module], list], stats_off: Callable[[list], None],
+             max_calibrate: Callable[[nn.Module, Callable], None]) -> int:
+    """ModelOpt's ``awq_lite`` on every Linear whose weight quantizer is enabled; returns how many it scaled.
+
+    Two passes of ``forward_loop`` through the float model (each Linear returns its float output): the first
+    averages ``mean|x|`` per input channel (and calibrates per-channel input amax where inputs are quantized),
+    the second scores, for ``alpha`` in ``0, alpha_step, ..., 1``, the output MSE of the layer with
+    ``x / s`` and ``quantize(W diag(s))``, ``s = _awq_scale(mean|x|, mean|W|/blockmax, alpha)``. The best ``s``
+    is then folded in: the input quantizer multiplies by ``1 / s``, the weight's columns by ``s``.
+    """
+    if not isinstance(alpha_step, (int, float)) or isinstance(alpha_step, bool) or not 0 < alpha_step <= 1:
+        raise ValueError(f"alpha_step must be in (0, 1], got {alpha_step!r}")
+    layers = [(n, m) for n, m in model.named_modules() if _is_linear(m) and m.weight_quantizer.is_enabled]
+    forward = _awq_forward(max_calibrate)
+    for _, m in layers:
+        h = _AWQLite(m, alpha_step)
+        m.__dict__["_awq_lite"] = h
+        m.__dict__["_forward_override"] = forward
+        if m.input_quantizer.is_enabled:
+            m.input_quantizer.disable()
+            if m.input_quantizer.axis not in (None, -1):
+                h.enabled = False
+            else:
+                m.input_quantizer.set_from_attribute_config({"axis": -1})
+    try:
+        active = stats_on(model)
+        with torch.no_grad():
+            forward_loop(model)
+        stats_off(active)
+        for _, m in layers:
+            h = m.__dict__["_awq_lite"]
+            if h.cache_steps == 0:
+                h.enabled = False
+                continue
+            h.act_scale = h.act_scale / h.cache_steps
+            if bool(torch.isnan(h.act_scale).any()) or bool(torch.isnan(h.weight_scale).any()):
+                h.enabled = False
+            h.cache_mode = False
+        with torch.no_grad():
+            forward_loop(model)
+    finally:
+        for _, m in layers:
+            m.__dict__.pop("_forward_override", None)
+    done = 0
+    with torch.no_grad():
+        for name, m in layers:
+            h = m.__dict__.pop("_awq_lite")
+            iq = m.input_quantizer
+            m.weight_quantizer.pre_quant_scale = None
+            iq.pre_quant_scale = None
+            if h.cache_steps > 0 and h.search_steps == 0:
+                h.enabled = False
+                warnings.warn(f"awq_lite: the second forward_loop(model) did not reach {name}; it keeps max "
+                              "calibration", stacklevel=3)
+            for_smoothing = None
+            if h.is_input_quantized:
+                if iq.amax is not None:
+                    for_smoothing = iq.amax.cpu()
+                    act_amax = iq.amax
+                    iq.reset_amax()
+                    iq.set_from_attribute_config({"axis": None})
+                    iq.amax = act_amax.amax()
+                iq.enable()
+            if not h.enabled:
+                max_calibrate(m, lambda mm: mm.weight_quantizer(mm.weight))
+                iq.pre_quant_scale = torch.ones(m.weight.shape[1], dtype=m.weight.dtype, device=m.weight.device)
+                continue
+            losses = {k: float(v) for k, v in h.loss.items()}
+            best = min(losses, key=losses.get)
+            smooth(m, 1.0 / _awq_scale(h.act_scale, h.weight_scale, best), for_smoothing,
+                   lambda mm: max_calibrate(mm, lambda x: x.weight_quantizer(x.weight)))
+            done += 1
+    return done

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
-from quanta.modelopt.algorithms import alpha_of, finish_smoothquant, smoothquant_layers
+from quanta.modelopt.algorithms import alpha_of, awq_lite, finish_smoothquant, smoothquant_layers
 from quanta.modelopt.config import QuantizerAttributeConfig, check_config, normalize_quant_cfg_list
 from quanta.modelopt.modules import convert, fold_weight, is_quantized, quantizers, registered_class
 from quanta.modelopt.tensor_quantizer import SequentialQuantizer, TensorQuantizer
@@ -34,7 +34,7 @@ __all__ = ["quantize", "calibrate", "set_quantizer_by_cfg", "set_quantizer_attri
            "enable_quantizer", "print_quant_summary", "fold_weight", "is_quantized"]
 
 ForwardLoop = Callable[[nn.Module], Any]
-_ALGORITHMS_ELSEWHERE = ("awq_lite", "awq_full", "awq_clip", "mse", "local_hessian", "gptq",
+_ALGORITHMS_ELSEWHERE = ("awq_full", "awq_clip", "mse", "local_hessian", "gptq",
                          "svdquant")
 
 
@@ -114,42 +114,77 @@ def _check_algorithm(algorithm: Any) -> Optional[str]:
     method, kwargs = _method(algorithm)
     if method in _ALGORITHMS_ELSEWHERE:
         raise NotImplementedError(
-            f"calibration algorithm {method!r} is not in quanta.modelopt yet; use 'max' or 'smoothquant' here, "
-            "or quanta.quantization.quantize_ with AWQConfig / GPTQConfig for real quantized weights")
+            f"calibration algorithm {method!r} is not in quanta.modelopt yet; use 'max', 'smoothquant' or "
+            "'awq_lite' here, or quanta.quantization.quantize_ with AWQConfig / GPTQConfig for real quantized "
+            "weights")
     if method == "smoothquant":
         alpha_of(kwargs)
+    elif method == "awq_lite":
+        pass  # its keywords are checked when it runs
     elif method not in (None, "max") or kwargs:
         raise ValueError(f"unknown calibration algorithm {algorithm!r}; quanta.modelopt runs 'max', 'smoothquant' "
                          "(or None)")
     return method
 
 
-def _max_calibrate(model: nn.Module, forward_loop: Optional[ForwardLoop]) -> None:
-    """ModelOpt's "max": every enabled quantizer of ``model`` passes its input through unchanged (quantization
-    off) while it collects; every weight is collected, then what ``forward_loop`` runs; then each static
-    quantizer whose calibrator saw data takes its amax."""
+def _stats_on(model: nn.Module) -> list[TensorQuantizer]:
+    """Every enabled quantizer of ``model`` passes its input through unchanged and collects statistics."""
     active = [q for _, q in _leaves(model) if q.is_enabled]
     for q in active:
         q.disable_quant()
         q.enable_calib()
+    return active
+
+
+def _stats_off(active: list[TensorQuantizer]) -> None:
+    """Back to quantizing; each static quantizer whose calibrator saw data takes its amax (dynamic ones take it
+    from every input; MX blocks have none)."""
+    for q in active:
+        q.disable_calib()
+        q.enable_quant()
+        mx = q._dynamic_block is not None and tuple(q._dynamic_block.get("scale_bits", ())) == (8, 0)
+        if not q._dynamic and not mx:
+            q.load_calib_amax(strict=False)
+
+
+def _run(forward_loop: ForwardLoop, model: nn.Module) -> None:
+    if len(inspect.signature(forward_loop).parameters) == 0:
+        forward_loop()
+    else:
+        forward_loop(model)
+
+
+def _max_calibrate(model: nn.Module, forward_loop: Optional[ForwardLoop]) -> None:
+    """ModelOpt's "max": every weight is collected, then what ``forward_loop`` runs, all in float."""
+    active = _stats_on(model)
     try:
         for m in model.modules():  # every weight, whether or not forward_loop reaches its layer
             if hasattr(m, "iter_weights_for_calibration"):
                 for w, q in m.iter_weights_for_calibration():
                     q(w)
         if forward_loop is not None:
-            if len(inspect.signature(forward_loop).parameters) == 0:
-                forward_loop()
-            else:
-                forward_loop(model)
+            _run(forward_loop, model)
     finally:
-        for q in active:
-            q.disable_calib()
-            q.enable_quant()
-    for q in active:  # dynamic quantizers take amax from every input (MX blocks: no amax at all)
-        mx = q._dynamic_block is not None and tuple(q._dynamic_block.get("scale_bits", ())) == (8, 0)
-        if not q._dynamic and not mx:
-            q.load_calib_amax(strict=False)
+        _stats_off(active)
+
+
+def _awq(model: nn.Module, forward_loop: ForwardLoop, kwargs: dict) -> None:
+    unknown = set(kwargs) - {"alpha_step", "debug"}
+    if unknown:
+        raise ValueError(f"awq_lite takes 'alpha_step' only, got {sorted(unknown)}")
+    # a SequentialQuantizer (W4A8: int4 then fp8) searches with its first quantizer, as ModelOpt's
+    sequential = [(name, q) for name, q in quantizers(model) if isinstance(q, SequentialQuantizer)]
+    for name, q in sequential:
+        _replace(model, name, q[0])
+    try:
+        awq_lite(model, lambda m: _run(forward_loop, m), kwargs.get("alpha_step", 0.1), _stats_on, _stats_off,
+                 _max_calibrate)
+    finally:
+        for name, q in sequential:
+            _replace(model, name, q)
+    for name, _ in sequential:
+        owner = model.get_submodule(name.rpartition(".")[0])
+        _max_calibrate(owner, lambda m: m.weight_quantizer(m.weight))
 
 
 def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[ForwardLoop] = None) -> nn.Module:
@@ -158,9 +193,10 @@ def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[F
     ``"max"``: every static quantizer's amax from the weights and from what ``forward_loop(model)`` runs through
     the model (in float: quantization is off meanwhile). ``"smoothquant"`` (``{"method": "smoothquant",
     "alpha": a}``): SmoothQuant on the int8 Linear layers (:mod:`quanta.modelopt.algorithms`), then "max".
-    ``None`` does nothing. ModelOpt's other algorithms (``"awq_lite"``, ``"awq_full"``, ``"awq_clip"``,
-    ``"mse"``...) raise ``NotImplementedError``: quanta runs AWQ and GPTQ through
-    ``quanta.quantization.quantize_`` (``AWQConfig``, ``GPTQConfig``) on real quantized weights.
+    ``"awq_lite"`` (``{"method": "awq_lite", "alpha_step": 0.1}``): AWQ's scale search on the Linear layers.
+    ``None`` does nothing. ModelOpt's other algorithms (``"awq_full"``, ``"awq_clip"``, ``"mse"``...) raise
+    ``NotImplementedError``: quanta runs full AWQ and GPTQ through ``quanta.quantization.quantize_``
+    (``AWQConfig``, ``GPTQConfig``) on real quantized weights.
     """
     method = _check_algorithm(algorithm)
     if method is None:
@@ -170,7 +206,11 @@ def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[F
     training = model.training
     model.eval()
     try:
-        if method == "smoothquant":
+        if method == "awq_lite":
+            if forward_loop is None:
+                raise ValueError("awq_lite needs forward_loop (it searches on the activations)")
+            _awq(model, forward_loop, _method(algorithm)[1])
+        elif method == "smoothquant":
             if forward_loop is None:
                 raise ValueError("smoothquant needs forward_loop (it calibrates on the activations)")
             alpha = alpha_of(_method(algorithm)[1])
@@ -194,8 +234,9 @@ def quantize(model: nn.Module, config: dict, forward_loop: Optional[ForwardLoop]
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     entries, algorithm = check_config(config)
-    if _check_algorithm(algorithm) == "smoothquant" and forward_loop is None:  # before anything changes
-        raise ValueError("smoothquant needs forward_loop (it calibrates on the activations)")
+    method = _check_algorithm(algorithm)
+    if method in ("smoothquant", "awq_lite") and forward_loop is None:  # before anything changes
+        raise ValueError(f"{method} needs forward_loop (it calibrates on the activations)")
     for e in entries:
         if e["parent_class"]:
             registered_class(e["parent_class"])

@@ -1,7 +1,8 @@
 """ModelOpt's ``TensorQuantizer`` (``modelopt.torch.quantization.nn.TensorQuantizer``) and ``SequentialQuantizer``.
 
 A quantizer is configured by :class:`~quanta.modelopt.config.QuantizerAttributeConfig`
-attributes and runs, in order: bypass if disabled; ``pre_quant_scale``; blocks
+attributes and runs, in order: ``pre_quant_scale`` (a per-channel factor, applied even when the quantizer is
+disabled, as ModelOpt's); bypass if disabled; blocks
 (static ``block_sizes`` reshape the input to one row per block, so the amax is
 per block); calibration (``enable_calib``: the calibrator sees the input);
 fake quantization (``enable_quant``)::
@@ -273,15 +274,15 @@ class TensorQuantizer(nn.Module):
         return fake_tensor_quant(x, amax, nb, self.unsigned, self.narrow_range)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if not self._attrs["enable"]:
-            return inputs
         if not isinstance(inputs, torch.Tensor):
             raise TypeError(f"a TensorQuantizer quantizes tensors, got {type(inputs).__name__}")
         if inputs.numel() == 0:
             return inputs
         x = inputs
-        if self.pre_quant_scale is not None:
+        if self.pre_quant_scale is not None:  # applied even when disabled, as ModelOpt does
             x = x * self.pre_quant_scale
+        if not self._attrs["enable"]:
+            return x
         shape = None
         if self.is_static_block_quant:
             x, shape = self._blocks(x)
