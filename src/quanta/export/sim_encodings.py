@@ -57,7 +57,7 @@ from quanta.nn import QuantizationMixin
 from quanta.quantization.affine.grouped_block import GroupedBlockQuantizeDequantize
 from quanta.quantization.affine.quantizer import AffineQuantizerBase
 from quanta.quantization.base import QuantizerBase
-from quanta.quantization.float import FloatQuantizeDequantize
+from quanta.quantization.float import BlockScaledQuantizeDequantize, FloatQuantizeDequantize
 
 __all__ = ["tensor_names", "sim_encodings", "export_encodings", "export_torch_encodings", "apply_encodings"]
 
@@ -113,6 +113,12 @@ def sim_encodings(sim: QuantizedModelLike) -> tuple[dict[str, Encoding], dict[st
     for s in _slots(sim):
         if s.quantizer is None or not s.quantizer.is_initialized():
             continue
+        if isinstance(s.quantizer, BlockScaledQuantizeDequantize):
+            raise NotImplementedError(
+                f"{s.where} is a BlockScaledQuantizeDequantize ({s.quantizer.format.name}): AIMET encodings files "
+                "have no entry for MX/NVFP4 block scales, which are computed from the data; store such weights "
+                "with quanta.quantization.quantize_ (MXDynamicActivationMXWeightConfig / NVFP4WeightOnlyConfig) "
+                "and save_quantized instead")
         enc = s.quantizer.get_encodings()
         (params if s.is_param else acts)[s.tensor] = enc.detach() if isinstance(enc, AffineEncoding) else enc
     return acts, params

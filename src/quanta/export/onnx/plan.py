@@ -25,7 +25,7 @@ from quanta.kernels import affine as affine_kernels
 from quanta.kernels.blocks import BlockLayout, resolve_layout
 from quanta.quantization.affine.quantizer import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
-from quanta.quantization.float import FloatQuantizeDequantize
+from quanta.quantization.float import BlockScaledQuantizeDequantize, FloatQuantizeDequantize
 
 __all__ = ["DYNAMO_MIN_OPSET", "MAX_OPSET", "MIN_OPSET", "TORCH_DEFAULT_OPSET", "Granularity", "Plan", "choose_opset", "granularity",
            "int_codes", "kernel_blocks", "plan_for_calls", "quantizer_plan"]
@@ -149,6 +149,11 @@ def quantizer_plan(name: str, q: QuantizerBase, shape: tuple[int, ...]) -> Plan:
         raise NotImplementedError(
             f"{name}: ONNX has no type for the float format {q.format.name()} (supported: float8 e4m3fn/e5m2/"
             "e4m3fnuz/e5m2fnuz, float16, bfloat16); export with qdq=False and an encodings file instead")
+    if isinstance(q, BlockScaledQuantizeDequantize):
+        raise NotImplementedError(
+            f"{name}: {q.format.name} block scales are computed from each tensor at run time; ONNX's "
+            "QuantizeLinear/DequantizeLinear (opset 23 blocks included) take the scales as inputs, so this "
+            "quantizer has no QDQ form. Replace it before export, or keep the model in PyTorch")
     raise NotImplementedError(
         f"{name}: cannot export a {type(q).__name__} as QuantizeLinear/DequantizeLinear "
         "(supported: quanta.quantization.affine.QuantizeDequantize, "
