@@ -30,20 +30,19 @@ once per operation; in-place changes raise ``TypeError``).
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
+from quanta.dtypes.dequantized_fallback import run_on_dequantized
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor
 
 __all__ = ["WeightTensorWithLinearActivationScaleMetadata"]
 
 aten = torch.ops.aten
 _LINEAR = {F.linear, torch._C._nn.linear}
-_WARNED: set[str] = set()
 
 
 class WeightTensorWithLinearActivationScaleMetadata(torch.Tensor):
@@ -126,15 +125,4 @@ class WeightTensorWithLinearActivationScaleMetadata(torch.Tensor):
                 scale = func(w.scale, *args[1:], **scale_kwargs)
                 return cls._make(inner, scale)
 
-        if func._schema.is_mutable:
-            raise TypeError(f"{func} would modify a {cls.__name__} in place; its codes are read-only")
-        name = str(func)
-        if name not in _WARNED:  # a transposed or sliced weight would silently be a float copy
-            _WARNED.add(name)
-            warnings.warn(f"quanta: {name} has no implementation for {cls.__name__}; it runs on the dequantized "
-                          "tensor (a float copy). This warning is shown once per operation.", stacklevel=3)
-
-        def unwrap(a):
-            return a.dequantize() if isinstance(a, cls) else a
-
-        return func(*(unwrap(a) for a in args), **{k: unwrap(v) for k, v in kwargs.items()})
+        return run_on_dequantized(func, args, kwargs, lambda a: isinstance(a, cls), cls.__name__)

@@ -12,11 +12,12 @@ input row sums in another order for N < 128 rows (measured with 2 threads).
 from __future__ import annotations
 
 import enum
-import warnings
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+from quanta.dtypes.dequantized_fallback import run_on_dequantized
 
 __all__ = ["KernelPreference", "BlockScaledTensor", "tiled_linear"]
 
@@ -24,7 +25,6 @@ aten = torch.ops.aten
 _LINEAR = {F.linear, torch._C._nn.linear}
 _TILE_ELEMENTS = 1 << 20
 _TILE_ROWS = 256  # narrower tiles change the summation order of torch's bf16 GEMV
-_WARNED: set[str] = set()
 
 
 class KernelPreference(str, enum.Enum):
@@ -130,15 +130,4 @@ class BlockScaledTensor(torch.Tensor):
                     raise TypeError(f"a {cls.__name__} converts only to float32, bfloat16 or float16, not {dtype}")
                 moved = moved._with(orig_dtype=dtype)
             return moved
-        if func._schema.is_mutable:
-            raise TypeError(f"{func} would modify a {cls.__name__} in place; its codes are read-only")
-        name = str(func)
-        if name not in _WARNED:
-            _WARNED.add(name)
-            warnings.warn(f"quanta: {name} has no implementation for {cls.__name__}; it runs on the dequantized "
-                          "tensor (a float copy). This warning is shown once per operation.", stacklevel=3)
-
-        def unwrap(a):
-            return a.dequantize() if isinstance(a, BlockScaledTensor) else a
-
-        return func(*(unwrap(a) for a in args), **{k: unwrap(v) for k, v in kwargs.items()})
+        return run_on_dequantized(func, args, kwargs, lambda a: isinstance(a, BlockScaledTensor), cls.__name__)

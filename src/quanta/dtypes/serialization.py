@@ -236,6 +236,19 @@ def _layout_from(d: Any, where: str) -> Layout:
     return _LAYOUTS[kind]()
 
 
+def _stored(key: str, names: list[str], tensors: dict[str, torch.Tensor], used: set[str], where: str
+            ) -> dict[str, torch.Tensor]:
+    """The storage tensors ``key::name`` of a described tensor, marked as used (``ValueError`` if one is missing)."""
+    inner: dict[str, torch.Tensor] = {}
+    for n in names:
+        full = f"{key}{_SEP}{n}"
+        if full not in tensors:
+            raise ValueError(f"{where}: tensor {full!r} is missing from the file")
+        inner[n] = tensors[full]
+        used.add(full)
+    return inner
+
+
 def _aqt_from(key: str, d: Any, tensors: dict[str, torch.Tensor], used: set[str]) -> AffineQuantizedTensor:
     where = f"tensor {key!r}"
     if not isinstance(d, dict) or d.get("type") != "AffineQuantizedTensor":
@@ -258,13 +271,7 @@ def _aqt_from(key: str, d: Any, tensors: dict[str, torch.Tensor], used: set[str]
         raise ValueError(f"{where}: field 'tensors' must be a list of names, got {names!r:.200}")
     if not set(names) <= set(impl_cls.portable_names()):
         raise ValueError(f"{where}: unknown storage tensors {sorted(set(names) - set(impl_cls.portable_names()))}")
-    inner: dict[str, torch.Tensor] = {}
-    for n in names:
-        full = f"{key}{_SEP}{n}"
-        if full not in tensors:
-            raise ValueError(f"{where}: tensor {full!r} is missing from the file")
-        inner[n] = tensors[full]
-        used.add(full)
+    inner = _stored(key, names, tensors, used, where)
     state = {k: tuple(v) if isinstance(v, list) else v for k, v in state.items()}
     state.update(_layout=layout, transposed=_field(d, "transposed", bool, where))
     try:
@@ -342,13 +349,7 @@ def _block_scaled_from(key: str, d: dict, tensors: dict[str, torch.Tensor], used
     if not {"qdata", "scale"} <= set(names) or not set(names) <= {"qdata", "scale", *optional}:
         raise ValueError(f"{where}: field 'tensors' must name qdata and scale (NVFP4Tensor: and optional "
                          f"per_tensor_scale, act_per_tensor_scale), got {names!r:.200}")
-    inner = {}
-    for n in names:
-        full = f"{key}{_SEP}{n}"
-        if full not in tensors:
-            raise ValueError(f"{where}: tensor {full!r} is missing from the file")
-        inner[n] = tensors[full]
-        used.add(full)
+    inner = _stored(key, names, tensors, used, where)
     if inner["scale"].dtype != torch.uint8:
         raise ValueError(f"{where}: the scale must be stored as uint8 bytes, got {inner['scale'].dtype}")
     block = _field(d, "block_size", int, where)

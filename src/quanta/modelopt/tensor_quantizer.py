@@ -44,6 +44,7 @@ from quanta.kernels.block_scaled import (
 from quanta.modelopt.config import QuantizerAttributeConfig, check_attributes
 from quanta.tensor_quant.axis import reduce_amax
 from quanta.tensor_quant.calib import HistogramCalibrator, MaxCalibrator
+from quanta.tensor_quant.quantizer import StageSwitches, amax_summary
 
 __all__ = ["TensorQuantizer", "SequentialQuantizer"]
 
@@ -64,7 +65,7 @@ class _PassThrough(torch.autograd.Function):
         return grad, None
 
 
-class TensorQuantizer(nn.Module):
+class TensorQuantizer(StageSwitches, nn.Module):
     """One quantizer (ModelOpt's attributes, switches and ``load_calib_amax``).
 
     Args:
@@ -206,20 +207,6 @@ class TensorQuantizer(nn.Module):
     def enable(self) -> None:
         self._attrs["enable"] = True
 
-    def disable_quant(self) -> None:
-        self._if_quant = False
-
-    def enable_quant(self) -> None:
-        self._if_quant = True
-
-    def disable_calib(self) -> None:
-        self._if_calib = False
-
-    def enable_calib(self) -> None:
-        if self._calibrator is None:
-            raise ValueError("this quantizer has no calibrator")
-        self._if_calib = True
-
     def load_calib_amax(self, *args, strict: bool = True, **kwargs) -> None:
         """Set amax from the calibrator (``*args``/``**kwargs`` go to ``compute_amax``, e.g. ``"percentile"``)."""
         if self._dynamic:
@@ -303,12 +290,7 @@ class TensorQuantizer(nn.Module):
     def _short_amax(self, fmt: str = ".2e") -> str:
         if self._dynamic_block is not None and self._dynamic_block.get("scale_bits") == (8, 0):
             return "None"
-        amax = self.amax
-        if amax is None:
-            return "dynamic"
-        if amax.numel() == 1:
-            return f"{amax.item():{fmt}}"
-        return f"[{amax.min().item():{fmt}}, {amax.max().item():{fmt}}]({amax.numel()})"
+        return amax_summary(self.amax, fmt)
 
     def extra_repr(self) -> str:
         if not self._attrs["enable"]:

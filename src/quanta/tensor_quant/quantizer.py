@@ -69,7 +69,7 @@ from quanta.tensor_quant.calib import AnalyzerCalibrator, Calibrator, HistogramC
 from quanta.tensor_quant.clip import Clip
 from quanta.tensor_quant.descriptor import CalibMethod, QuantDescriptor, ScaledQuantDescriptor
 
-__all__ = ["TensorQuantizer"]
+__all__ = ["TensorQuantizer", "StageSwitches", "amax_summary"]
 
 
 def _amax_tensor(value: object) -> torch.Tensor:
@@ -84,7 +84,42 @@ def _amax_tensor(value: object) -> torch.Tensor:
     return t.clone()
 
 
-class TensorQuantizer(nn.Module):
+def amax_summary(amax: torch.Tensor | None, fmt: str) -> str:
+    """``"dynamic"``, one value, or ``"[min, max](count)"``, numbers in ``fmt``: how quantizers print their amax."""
+    if amax is None:
+        return "dynamic"
+    if amax.numel() == 1:
+        return f"{amax.item():{fmt}}"
+    return f"[{amax.min().item():{fmt}}, {amax.max().item():{fmt}}]({amax.numel()})"
+
+
+class StageSwitches:
+    """The quantization and calibration switches of TensorRT's and ModelOpt's quantizers (``_if_quant``,
+    ``_if_calib``, a ``_calibrator``)."""
+
+    _if_quant: bool
+    _if_calib: bool
+
+    def disable_quant(self) -> None:
+        """Skip the quantization stage."""
+        self._if_quant = False
+
+    def enable_quant(self) -> None:
+        """Run the quantization stage."""
+        self._if_quant = True
+
+    def disable_calib(self) -> None:
+        """Stop feeding the calibrator."""
+        self._if_calib = False
+
+    def enable_calib(self) -> None:
+        """Feed every input to the calibrator."""
+        if self._calibrator is None:
+            raise ValueError("Calibrator was not created, cannot enable calibration.")
+        self._if_calib = True
+
+
+class TensorQuantizer(StageSwitches, nn.Module):
     """Quantize a tensor as a :class:`ScaledQuantDescriptor` says (see the module docstring).
 
     Args:
@@ -263,24 +298,6 @@ class TensorQuantizer(nn.Module):
         """Undo :meth:`disable`."""
         self._disabled = False
 
-    def disable_quant(self) -> None:
-        """Skip the quantization stage."""
-        self._if_quant = False
-
-    def enable_quant(self) -> None:
-        """Run the quantization stage."""
-        self._if_quant = True
-
-    def disable_calib(self) -> None:
-        """Stop feeding the calibrator."""
-        self._if_calib = False
-
-    def enable_calib(self) -> None:
-        """Feed every input to the calibrator."""
-        if self._calibrator is None:
-            raise ValueError("Calibrator was not created, cannot enable calibration.")
-        self._if_calib = True
-
     def disable_clip(self) -> None:
         """Stop the clip stage and freeze the learned bounds."""
         self._if_clip = False
@@ -424,12 +441,7 @@ class TensorQuantizer(nn.Module):
                                       error_msgs)
 
     def _short_amax(self) -> str:
-        amax = self.amax
-        if amax is None:
-            return "dynamic"
-        if amax.numel() == 1:
-            return f"{amax.item():.4f}"
-        return f"[{amax.min().item():.4f}, {amax.max().item():.4f}]({amax.numel()})"
+        return amax_summary(self.amax, ".4f")
 
     def extra_repr(self) -> str:
         if self._disabled:
