@@ -23,21 +23,37 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
+def _hide_stub_torchvision() -> None:
+    """The anchors venv holds a stub ``torchvision`` (aimet-torch imports it), which transformers would try to use:
+    tell transformers it is absent."""
+    import transformers.utils.import_utils as iu
+
+    original = iu._is_package_available
+
+    def available(name, *args, **kwargs):
+        return (False, "N/A") if name == "torchvision" else original(name, *args, **kwargs)
+
+    iu._is_package_available = available
+    for fn in ("is_torchvision_available", "is_torchvision_v2_available"):
+        getattr(getattr(iu, fn, None), "cache_clear", lambda: None)()
+
+
 def main() -> None:
     import torch
 
     warnings.filterwarnings("ignore")
+    _hide_stub_torchvision()
     import modelopt
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.nn import TensorQuantizer
 
     from _record import pack
-    from modelopt_models import NAMED, build, custom_configs
+    from modelopt_models import MODELS, NAMED, build, custom_configs
 
     out = {"modelopt": modelopt.__version__, "torch": torch.__version__,
            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cases": []}
     configs = {n: getattr(mtq, n) for n in NAMED} | custom_configs()
-    for model_name in ("cnn", "block"):
+    for model_name in MODELS:
         base, calib, x = build(model_name)
         with torch.no_grad():
             ref = base(x)

@@ -1,6 +1,6 @@
 """The models and configs that ``generate_modelopt_models.py`` records with ModelOpt and ``test_modelopt_models.py``
-checks quanta against: a small CNN (its BatchNorm statistics settled on data) and a pre-LN transformer block.
-Imported by both, so it needs only torch."""
+checks quanta against: a small CNN (its BatchNorm statistics settled on data), a pre-LN transformer block, and
+transformers' own LlamaForCausalLM. Imported by both: torch, and transformers for the Llama model."""
 
 from __future__ import annotations
 
@@ -47,10 +47,38 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+class Logits(nn.Module):
+    """A transformers causal LM as a function of token ids to logits."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(input_ids=ids, use_cache=False).logits
+
+
+def llama() -> nn.Module:
+    """transformers' own LlamaForCausalLM (GQA, rotary embeddings, RMSNorm, SiLU-gated MLP), a small random config."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                   num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
+                                   max_position_embeddings=64)
+    return Logits(transformers.LlamaForCausalLM(cfg))
+
+
+MODELS = ("cnn", "block", "llama")
+
+
 def build(name: str) -> tuple[nn.Module, list[torch.Tensor], torch.Tensor]:
     """``(model in eval mode, calibration batches, test input)``, the same bits on every run of torch 2.13."""
     g = torch.Generator().manual_seed(2026)
     torch.manual_seed(11)
+    if name == "llama":
+        model = llama().eval()
+        calib = [torch.randint(0, 256, (2, 12), generator=g) for _ in range(3)]
+        return model, calib, torch.randint(0, 256, (1, 8), generator=g)
     if name == "cnn":
         model = CNN()
         model.train()

@@ -15,6 +15,8 @@ import quanta.modelopt as mtq
 from _record import golden_path, unpack
 from modelopt_models import build, custom_configs
 
+pytest.importorskip("transformers")
+
 with open(golden_path("modelopt_models.json")) as _f:
     GOLDEN = json.load(_f)
 
@@ -39,7 +41,7 @@ def test_quantize_matches_modelopt(case):
 
 def test_the_recording_covers_the_cpu_configs():
     done = {(c["model"], c["config"]) for c in GOLDEN["cases"] if "error" not in c}
-    for model in ("cnn", "block"):
+    for model in ("cnn", "block", "llama"):
         for name in ("INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "FP8_DEFAULT_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
                      "INT8_SMOOTHQUANT_CFG", "INT4_AWQ_CFG", "W4A8_AWQ_BETA_CFG"):
             assert (model, name) in done
