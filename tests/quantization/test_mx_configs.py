@@ -129,3 +129,15 @@ def test_bad_mx_config(kwargs, words):
 def test_bad_nvfp4_step():
     with pytest.raises(ValueError, match="step must be"):
         NVFP4DynamicActivationNVFP4WeightConfig(step="observe")
+
+
+def test_gpt2_conv1d_is_refused_not_copied():
+    transformers = pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D
+
+    model = torch.nn.Sequential(Conv1D(64, 32), torch.nn.Linear(64, 32))
+    with pytest.warns(UserWarning, match="kept in float"):
+        report = quantize_(model, MXDynamicActivationMXWeightConfig())
+    assert report.quantized == ["1"] and "Conv1D" in report.skipped["0"]
+    assert type(model[0].weight) is torch.nn.Parameter and model[0].weight.dtype == torch.float32
+    assert transformers is not None

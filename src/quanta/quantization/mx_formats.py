@@ -32,6 +32,7 @@ from quanta.dtypes.block_scaled import KernelPreference
 from quanta.dtypes.mx_tensor import MXTensor, QuantizeTensorToMXKwargs
 from quanta.dtypes.nvfp4_tensor import NVFP4Tensor, QuantizeTensorToNVFP4Kwargs, per_tensor_amax_to_scale
 from quanta.grids.block_scaled import ScaleCalculationMode, mx_format
+from quanta.quantization.linear_like import is_conv1d
 from quanta.quantization.observed import attach_observer, detach_observer
 from quanta.quantization.quant_api import AOBaseConfig, CalibrationConfig, LayerNotQuantizable, QuantizeReport
 
@@ -40,7 +41,10 @@ __all__ = ["MXDynamicActivationMXWeightConfig", "NVFP4WeightOnlyConfig", "NVFP4D
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _check_weight(weight: torch.Tensor, multiple: int, what: str, both_dims: bool) -> None:
+def _check_weight(weight: torch.Tensor, multiple: int, what: str, both_dims: bool, module: nn.Module) -> None:
+    if is_conv1d(module):
+        raise LayerNotQuantizable(f"{what} stores weights row-major [out, in] with blocks along the input "
+                                  "features; transformers' Conv1D keeps its weight as [in, out] (use nn.Linear)")
     if weight.dim() != 2:
         raise LayerNotQuantizable(f"{what} quantizes 2-D weights, this one has shape {tuple(weight.shape)}")
     if weight.dtype not in _FLOAT:
@@ -80,7 +84,7 @@ class MXDynamicActivationMXWeightConfig(AOBaseConfig):
             raise TypeError(f"scaling_mode must be a ScaleCalculationMode, got {self.scaling_mode!r}")
 
     def quantize_weight(self, weight, module):
-        _check_weight(weight, self.block_size, "MXDynamicActivationMXWeightConfig", False)
+        _check_weight(weight, self.block_size, "MXDynamicActivationMXWeightConfig", False, module)
         act = QuantizeTensorToMXKwargs(self.activation_dtype, self.block_size, self.scaling_mode,
                                        self.kernel_preference)
         return MXTensor.to_mx(weight, self.weight_dtype, self.block_size, self.scaling_mode,
@@ -94,7 +98,7 @@ class NVFP4WeightOnlyConfig(AOBaseConfig):
     use_dynamic_per_tensor_scale: bool = True
 
     def quantize_weight(self, weight, module):
-        _check_weight(weight, 16, "NVFP4WeightOnlyConfig", True)
+        _check_weight(weight, 16, "NVFP4WeightOnlyConfig", True, module)
         scale = per_tensor_amax_to_scale(torch.max(torch.abs(weight))) if self.use_dynamic_per_tensor_scale else None
         return NVFP4Tensor.to_nvfp4(weight, per_tensor_scale=scale)
 
@@ -153,7 +157,7 @@ class NVFP4DynamicActivationNVFP4WeightConfig(CalibrationConfig):
     def quantize_weight(self, weight, module):
         if self.step is not None:
             return super().quantize_weight(weight, module)
-        _check_weight(weight, 16, "NVFP4DynamicActivationNVFP4WeightConfig", True)
+        _check_weight(weight, 16, "NVFP4DynamicActivationNVFP4WeightConfig", True, module)
         dynamic = self.use_dynamic_per_tensor_scale
         scale = per_tensor_amax_to_scale(torch.max(torch.abs(weight))) if dynamic else None
         act = QuantizeTensorToNVFP4Kwargs(use_triton_kernel=self.use_triton_kernel,
@@ -168,7 +172,7 @@ class NVFP4DynamicActivationNVFP4WeightConfig(CalibrationConfig):
                 if not isinstance(weight, torch.Tensor) or not isinstance(module, nn.Linear):
                     raise LayerNotQuantizable(f"{type(module).__name__} is not an nn.Linear")
                 if self.step == "prepare":
-                    _check_weight(weight, 16, "NVFP4DynamicActivationNVFP4WeightConfig", True)
+                    _check_weight(weight, 16, "NVFP4DynamicActivationNVFP4WeightConfig", True, module)
                     obs = _AmaxObserver()
                     changes.append(lambda m=module, o=obs: attach_observer(m, _OBSERVER, o, o.update))
                     report.observed.append(fqn)
@@ -179,7 +183,7 @@ class NVFP4DynamicActivationNVFP4WeightConfig(CalibrationConfig):
                 if not bool(obs[0].amax > 0):
                     raise LayerNotQuantizable("its observer saw no (nonzero) input: run calibration data through "
                                               "the model between the two steps")
-                _check_weight(weight, 16, "NVFP4DynamicActivationNVFP4WeightConfig", True)
+                _check_weight(weight, 16, "NVFP4DynamicActivationNVFP4WeightConfig", True, module)
                 act = QuantizeTensorToNVFP4Kwargs(use_triton_kernel=self.use_triton_kernel,
                                                   use_dynamic_per_tensor_scale=False)
                 w = weight.detach()
