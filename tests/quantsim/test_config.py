@@ -666,8 +666,8 @@ def test_error_params_not_allowed_in_defaults_ops():
 def test_error_unknown_param_key():
     msg = raises("config['op_type']['Conv']['params']['weight']: unknown key 'is_output_quantized'",
                  {"op_type": {"Conv": {"params": {"weight": {"is_output_quantized": True}}}}})
-    assert ("allowed keys: bitwidth, block_grouping, block_size, decompressed_bw, dtype, is_quantized, is_symmetric, "
-            "per_channel_quantization") in msg
+    assert ("allowed keys: bitwidth, block_format, block_grouping, block_size, decompressed_bw, dtype, is_quantized, "
+            "is_symmetric, per_channel_quantization") in msg
 
 
 def test_error_block_size_not_an_op_level_key():

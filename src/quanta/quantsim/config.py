@@ -59,6 +59,8 @@ from typing import Any
 
 from torch import nn
 
+from quanta.quantization.float import BLOCK_SCALED_FORMATS
+
 __all__ = ["BUILTIN_DEFAULT", "GRID_PRESERVING_OPS", "INTEGER_ONLY", "SUPERGROUP_PASSES", "DataType", "QuantSimConfig",
            "QuantizerSpec", "op_types_of"]
 
@@ -139,6 +141,7 @@ class QuantizerSpec:
     unsigned_symmetric: bool = False
     decompressed_bw: int | None = None
     block_grouping: int | None = None
+    block_format: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("enabled", "symmetric", "per_channel", "strict_symmetric", "unsigned_symmetric"):
@@ -169,6 +172,13 @@ class QuantizerSpec:
                 raise ValueError("QuantizerSpec.decompressed_bw (LPBQ) is for integer grids, got dtype FLOAT")
             if self.block_grouping is None:
                 object.__setattr__(self, "block_grouping", -1)
+        if self.block_format is not None:
+            if self.block_format not in BLOCK_SCALED_FORMATS:
+                raise ValueError(f"QuantizerSpec.block_format must be one of {sorted(BLOCK_SCALED_FORMATS)}, "
+                                 f"got {self.block_format!r}")
+            if self.decompressed_bw is not None or self.block_size is not None:
+                raise ValueError("QuantizerSpec.block_format (MX/NVFP4 blocks of their own) excludes block_size "
+                                 "and decompressed_bw")
         if self.block_grouping is not None:
             if self.decompressed_bw is None:
                 raise ValueError("QuantizerSpec.block_grouping needs decompressed_bw (it groups LPBQ blocks)")
@@ -224,6 +234,13 @@ def _block_grouping(value: Any, path: _KeyPath) -> int:
         return value
     raise ValueError(f"{_where(path)}: expected -1 (every block of an output channel) or a positive integer "
                      f"(blocks per float scale), got {_short(value)}")
+
+
+def _block_format(value: Any, path: _KeyPath) -> str:
+    if isinstance(value, str) and value in BLOCK_SCALED_FORMATS:
+        return value
+    raise ValueError(f"{_where(path)}: expected one of {sorted(BLOCK_SCALED_FORMATS)} (MX/NVFP4 weights), "
+                     f"got {_short(value)}")
 
 
 def _dtype(value: Any, path: _KeyPath) -> DataType:
@@ -333,6 +350,7 @@ class _ParamRule:
     block_size: int | None = None
     decompressed_bw: int | None = None
     block_grouping: int | None = None
+    block_format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -363,6 +381,7 @@ _PARAM_KEYS: dict[str, Callable[[Any, _KeyPath], Any]] = {
     "block_size": _block_size,
     "decompressed_bw": _bitwidth,
     "block_grouping": _block_grouping,
+    "block_format": _block_format,
 }
 _OP_KEYS: dict[str, Callable[[Any, _KeyPath], Any]] = {
     "is_input_quantized": _bool,
@@ -395,6 +414,10 @@ def _parse_param_rule(value: Any, path: _KeyPath) -> _ParamRule:
     _check_keys(raw, tuple(_PARAM_KEYS), path)
     values = {key: _PARAM_KEYS[key](v, path + (key,)) for key, v in raw.items()}
     _check_float_bitwidth(values, path)
+    if "block_format" in values and any(k in values for k in ("block_size", "decompressed_bw", "block_grouping",
+                                                                "per_channel_quantization")):
+        raise ValueError(f"{_where(path + ('block_format',))}: MX/NVFP4 weights bring their own blocks; drop "
+                         "block_size / decompressed_bw / block_grouping / per_channel_quantization from this entry")
     if "block_size" in values and values.get("per_channel_quantization") is False:
         raise ValueError(
             f"{_where(path + ('block_size',))}: block quantization is per output channel, but this entry also "
@@ -601,6 +624,12 @@ def _apply_param(state: dict[str, Any], rule: _ParamRule | None) -> None:
     _set(state, "bitwidth", rule.bitwidth)
     _set(state, "dtype", rule.dtype)
     _granularity(state, rule.per_channel_quantization, rule.block_size, rule.decompressed_bw, rule.block_grouping)
+    # block_format is granularity too: the most specific level that says anything about it decides
+    if rule.block_format is not None:
+        state.update(block_format=rule.block_format, per_channel=False, block_size=None, decompressed_bw=None,
+                     block_grouping=None)
+    elif any(v is not None for v in (rule.per_channel_quantization, rule.block_size, rule.decompressed_bw)):
+        state["block_format"] = None
 
 
 def _apply_op_to_activation(state: dict[str, Any], rule: _OpRule, enabled_key: str) -> None:
@@ -621,6 +650,10 @@ def _spec(state: dict[str, Any], what: str) -> QuantizerSpec:
     if state.get("block_grouping") is not None and state.get("decompressed_bw") is None:
         raise ValueError(f"the config gives {what} block_grouping {state['block_grouping']} without "
                          "decompressed_bw: block_grouping groups LPBQ blocks; set 'decompressed_bw' next to it")
+    if state.get("block_format") is not None and (state.get("block_size") is not None
+                                                  or state.get("decompressed_bw") is not None):
+        raise ValueError(f"the config gives {what} block_format {state['block_format']!r} and block_size/"
+                         "decompressed_bw (from different entries): MX/NVFP4 weights bring their own blocks")
     if state.get("decompressed_bw") is not None:
         problem = ("no block_size" if state["block_size"] is None else
                    "dtype 'float'" if state["dtype"] is DataType.FLOAT else
@@ -745,7 +778,7 @@ class QuantSimConfig:
         cfg = self._cfg
         state: dict[str, Any] = dict(enabled=False, bitwidth=None, symmetric=False, dtype=None, per_channel=False,
                                      block_size=None, strict_symmetric=False, unsigned_symmetric=False,
-                                     decompressed_bw=None, block_grouping=None)
+                                     decompressed_bw=None, block_grouping=None, block_format=None)
         _apply_op_to_param(state, cfg.ops)
         _apply_param(state, cfg.params_default)
         _apply_param(state, cfg.params.get(param_name))

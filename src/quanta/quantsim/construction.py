@@ -39,7 +39,7 @@ from quanta.kernels.qparams import calibrated_range
 from quanta.quantization.affine import GroupedBlockQuantizeDequantize, QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
 from quanta.quantization.encoding_analyzer import MinMaxEncodingAnalyzer
-from quanta.quantization.float import FloatQuantizeDequantize
+from quanta.quantization.float import BlockScaledQuantizeDequantize, FloatQuantizeDequantize
 from quanta.quantsim.capture import CaptureMethod
 from quanta.quantsim.config import DataType, QuantizerSpec
 from quanta.quantsim.placement import Kind, ModulePlacement, Placed, Shared
@@ -163,6 +163,16 @@ def build_quantizer(placed: Placed, defaults: QuantizerDefaults, shape: tuple[in
     return q
 
 
+def block_scaled_quantizer(fmt: str, param: torch.Tensor, where: str) -> BlockScaledQuantizeDequantize:
+    """The MX/NVFP4 quantizer (config key ``block_format``) of a Linear-like weight ``[out, in]``: blocks along the
+    input features, which the block size must divide (``ValueError`` naming ``where`` otherwise)."""
+    q = BlockScaledQuantizeDequantize(fmt)
+    if param.dim() != 2 or param.shape[1] % q.format.block_size:
+        raise ValueError(f"{where}: block_format {fmt!r} quantizes 2-D [out, in] weights whose {q.format.block_size}-"
+                         f"element blocks tile the input features, got shape {tuple(param.shape)}")
+    return q
+
+
 def param_layout(spec: QuantizerSpec, param: torch.Tensor, axis: int, where: str
                  ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """``(shape, block_size)`` of the quantizer for ``param``, whose output channels are along ``axis``:
@@ -200,6 +210,10 @@ def install(model: nn.Module, modules: Iterable[tuple[str, QuantizationMixin]],
         for pname, placed in placement.params.items():
             if placed is None:
                 module.param_quantizers[pname] = None
+                continue
+            if placed.spec.block_format is not None:
+                module.param_quantizers[pname] = block_scaled_quantizer(placed.spec.block_format,
+                                                                        getattr(module, pname), f"{name}.{pname}")
                 continue
             layout = param_layout(placed.spec, getattr(module, pname), module._weight_axis(), f"{name}.{pname}")
             module.param_quantizers[pname] = build_quantizer(placed, defaults, *layout)

@@ -44,6 +44,7 @@ from quanta.export.protocol import SimulationLike
 from quanta.kernels.qparams import offset_from_range
 from quanta.quantization.affine import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
+from quanta.quantization.float import BlockScaledQuantizeDequantize
 
 __all__ = ["ENCODINGS_FORMAT", "ENCODINGS_VERSION", "encodings_document", "load_encodings", "load_param_encodings", "save_encodings"]
 
@@ -57,6 +58,11 @@ def encodings_document(quantizers: Iterable[tuple[str, QuantizerBase]]) -> dict[
     for name, q in quantizers:
         if not q.is_initialized():
             continue
+        if isinstance(q, BlockScaledQuantizeDequantize):
+            raise NotImplementedError(
+                f"{name} is a BlockScaledQuantizeDequantize ({q.format.name}): encodings files hold fixed scales, "
+                "its block scales come from the data; save its state (NVFP4's global_amax) with "
+                "sim.quantizer_state_dict() instead")
         enc = q.get_encodings()
         entries[name] = {"type": "float" if isinstance(enc, FloatEncoding) else "affine", **enc.to_dict()}
     return {"format": ENCODINGS_FORMAT, "version": ENCODINGS_VERSION, "quantizers": entries}
