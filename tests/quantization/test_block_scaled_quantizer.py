@@ -63,10 +63,64 @@ def test_in_a_sim_and_the_exports_refuse_it(tmp_path):
     with torch.no_grad():
         y, ref = sim.model(x), model(x)
     assert float((y - ref).pow(2).mean() / ref.pow(2).mean()) < 0.05
-    with pytest.raises(NotImplementedError, match="0.param_quantizers.weight.*mxfp4.*no QDQ form"):
+    with pytest.raises(NotImplementedError, match="0.param_quantizers.weight is a BlockScaled.*export_onnx"):
         sim.export(str(tmp_path), "m", x)
     with pytest.raises(NotImplementedError, match="AIMET encodings files have no entry for MX/NVFP4"):
         sim_encodings(sim)
+    sim.model.get_submodule("2").input_quantizers[0] = BlockScaledQuantizeDequantize("mxfp8_e4m3")
+    from quanta.export.onnx import export_onnx
+    with pytest.raises(NotImplementedError, match="2.input_quantizers.0: mxfp8_e4m3 block scales are computed"):
+        export_onnx(sim, tmp_path / "m.onnx", x)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "mxfp4", "nvfp4"])
+def test_block_scaled_weights_export_to_onnx_exactly(tmp_path, fmt):
+    """The weights' block scales are constants: per-block DequantizeLinear of the stored elements (float8 / int8:
+    opset 21, run by onnxruntime; FLOAT4E2M1: opset 23, which onnxruntime 1.32 lacks, run by ONNX's reference
+    evaluator), giving the sim's outputs exactly."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx.reference import ReferenceEvaluator
+
+    from quanta.export.onnx import export_onnx
+    from quanta.quantsim import QuantizationSimModel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    x = torch.randn(4, 64)
+    cfg = {"defaults": {"ops": {"is_output_quantized": "True"},
+                        "params": {"is_quantized": "True", "is_symmetric": "True"}},
+           "params": {"bias": {"is_quantized": "False"}},
+           "op_type": {"Gemm": {"params": {"weight": {"block_format": fmt}}}}}
+    sim = QuantizationSimModel(model, x, config_file=cfg)
+    sim.compute_encodings(lambda m: m(x))
+    path = tmp_path / "m.onnx"
+    export_onnx(sim, path, x)
+    graph = onnx.load(path)
+    opset = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
+    name = graph.graph.input[0].name
+    with torch.no_grad():
+        want = sim.model(x).numpy()
+    if fmt in ("mxfp4", "nvfp4"):
+        assert opset >= 23
+        got = ReferenceEvaluator(graph).run(None, {name: x.numpy()})[0]
+    else:
+        assert opset >= 21
+        got = ort.InferenceSession(str(path)).run(None, {name: x.numpy()})[0]
+    assert (got == want).all()
+
+
+def test_fp6_weights_have_no_onnx_type(tmp_path):
+    from quanta.export.onnx import export_onnx
+    from quanta.quantsim import QuantizationSimModel
+
+    model = nn.Sequential(nn.Linear(64, 32)).eval()
+    x = torch.randn(2, 64)
+    sim = QuantizationSimModel(model, x, config_file={"params": {"weight": {"is_quantized": "True",
+                                                                            "block_format": "mxfp6_e3m2"}}})
+    sim.compute_encodings(lambda m: m(x))
+    with pytest.raises(NotImplementedError, match="no type for mxfp6_e3m2"):
+        export_onnx(sim, tmp_path / "m.onnx", x)
 
 
 @pytest.mark.parametrize("kwargs, exc, words", [

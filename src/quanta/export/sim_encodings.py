@@ -116,9 +116,9 @@ def sim_encodings(sim: QuantizedModelLike) -> tuple[dict[str, Encoding], dict[st
         if isinstance(s.quantizer, BlockScaledQuantizeDequantize):
             raise NotImplementedError(
                 f"{s.where} is a BlockScaledQuantizeDequantize ({s.quantizer.format.name}): AIMET encodings files "
-                "have no entry for MX/NVFP4 block scales, which are computed from the data; store such weights "
-                "with quanta.quantization.quantize_ (MXDynamicActivationMXWeightConfig / NVFP4WeightOnlyConfig) "
-                "and save_quantized instead")
+                "have no entry for MX/NVFP4 block scales, which are computed from the data; write the QDQ graph "
+                "alone with quanta.export.onnx.export_onnx(sim, path, dummy_input) (MX/NVFP4 weights export "
+                "there), or store the weights with quanta.quantization.quantize_ and save_quantized")
         enc = s.quantizer.get_encodings()
         (params if s.is_param else acts)[s.tensor] = enc.detach() if isinstance(enc, AffineEncoding) else enc
     return acts, params

@@ -96,11 +96,13 @@ from quanta.export.onnx.plan import (
     MIN_OPSET,
     TORCH_DEFAULT_OPSET,
     choose_opset,
+    block_scaled_weight_plan,
     plan_for_calls,
 )
 from quanta.export.onnx.rewrite import finish, replace_markers
 from quanta.export.protocol import QuantizedModelLike
 from quanta.nn.base import eval_mode
+from quanta.quantization.float import BlockScaledQuantizeDequantize
 
 __all__ = ["OnnxExport", "TORCH_DEFAULT_OPSET", "export_onnx", "export_onnx_model"]  # MIN/MAX_OPSET importable too
 
@@ -256,7 +258,9 @@ def export_onnx_model(
             if dtypes != {torch.float32}:
                 raise NotImplementedError(f"{s.name} quantizes a {sorted(map(str, dtypes))} tensor; only float32 "
                                           "models can be exported (call sim.model.float() first)")
-        plans = {s.name: plan_for_calls(s.name, s.quantizer, s.stub.inputs) for s in used.values()} if qdq else {}
+        plans = {s.name: block_scaled_weight_plan(s.name, s.quantizer, getattr(*s.param))
+                 if s.param is not None and isinstance(s.quantizer, BlockScaledQuantizeDequantize)
+                 else plan_for_calls(s.name, s.quantizer, s.stub.inputs) for s in used.values()} if qdq else {}
         target = choose_opset(plans, opset, dynamo, min_opset)
         if keywords:  # the graph inputs are the dict's tensors, in the order of the forward's parameters
             input_names = [k for k, v in keywords.items() if isinstance(v, torch.Tensor)]

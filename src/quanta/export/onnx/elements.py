@@ -88,6 +88,14 @@ def tensor_proto(name: str, values: torch.Tensor, proto: int) -> Any:
         if codes.size % 2:
             codes = np.append(codes, np.uint8(0))
         t.raw_data = (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8).tobytes()  # first element in the low nibble
+    elif proto == getattr(TensorProto, "FLOAT4E2M1", None):  # fp4 e2m1 values: their S|E|M codes, packed
+        from quanta.grids.float import FP4_E2M1
+        from quanta.kernels.fpx_codes import encode
+
+        codes = encode(values.to(torch.float32).reshape(-1), FP4_E2M1).numpy().astype(np.uint8)
+        if codes.size % 2:
+            codes = np.append(codes, np.uint8(0))
+        t.raw_data = (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8).tobytes()
     elif proto in float8_types().values() or proto in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
         dtype = {v: k for k, v in {**float8_types(), **float16_types()}.items()}[proto]
         raw = values.to(dtype).contiguous()

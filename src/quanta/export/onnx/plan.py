@@ -25,10 +25,12 @@ from quanta.kernels import affine as affine_kernels
 from quanta.kernels.blocks import BlockLayout, resolve_layout
 from quanta.quantization.affine.quantizer import QuantizeDequantize
 from quanta.quantization.base import QuantizerBase
+from quanta.kernels import block_scaled as block_kernels
 from quanta.quantization.float import BlockScaledQuantizeDequantize, FloatQuantizeDequantize
 
 __all__ = ["DYNAMO_MIN_OPSET", "MAX_OPSET", "MIN_OPSET", "TORCH_DEFAULT_OPSET", "Granularity", "Plan", "choose_opset", "granularity",
-           "int_codes", "kernel_blocks", "plan_for_calls", "quantizer_plan"]
+           "int_codes", "kernel_blocks", "plan_for_calls", "quantizer_plan", "block_scaled_weight_plan",
+           "block_scaled_weight_values"]
 
 #: Lowest opset written: per-axis QuantizeLinear/DequantizeLinear need 13.
 MIN_OPSET = 13
@@ -102,7 +104,7 @@ class Plan:
     """What one quantizer becomes in ONNX (everything but node and tensor names)."""
 
     name: str
-    kind: str  # "int" | "float8" | "cast"
+    kind: str  # "int" | "float8" | "float4" | "cast"
     proto: int  # element type of the quantized values
     gran: Granularity
     scale: torch.Tensor  # quantizer-shaped
@@ -152,12 +154,64 @@ def quantizer_plan(name: str, q: QuantizerBase, shape: tuple[int, ...]) -> Plan:
     if isinstance(q, BlockScaledQuantizeDequantize):
         raise NotImplementedError(
             f"{name}: {q.format.name} block scales are computed from each tensor at run time; ONNX's "
-            "QuantizeLinear/DequantizeLinear (opset 23 blocks included) take the scales as inputs, so this "
-            "quantizer has no QDQ form. Replace it before export, or keep the model in PyTorch")
+            "QuantizeLinear/DequantizeLinear (opset 23 blocks included) take the scales as inputs, so only "
+            "weights (whose block scales are constants) export in these formats. Replace this activation "
+            "quantizer before export, or keep the model in PyTorch")
     raise NotImplementedError(
         f"{name}: cannot export a {type(q).__name__} as QuantizeLinear/DequantizeLinear "
         "(supported: quanta.quantization.affine.QuantizeDequantize, "
         "quanta.quantization.float.FloatQuantizeDequantize)")
+
+
+def block_scaled_weight_plan(name: str, q: BlockScaledQuantizeDequantize, weight: torch.Tensor) -> Plan:
+    """The plan of an MX/NVFP4 weight quantizer: its block scales are the weight's, so they are constants here.
+
+    MXFP8 -> float8 per-block Q/DQ (opset 21); MXINT8 -> int8 in ``[-127, 127]`` with scale ``X / 64`` (opset 21);
+    MXFP4 / NVFP4 -> ``FLOAT4E2M1`` (opset 23; the NVFP4 scale is ``s_t * s_b`` per block). MX fp6 has no ONNX
+    type (``NotImplementedError``). Every scale is exact, and the weight is written already quantized.
+    """
+    from onnx import TensorProto
+
+    fmt = q.format
+    w = weight.detach().float()
+    if w.dim() != 2 or w.shape[1] % fmt.block_size:
+        raise ValueError(f"{name}: {fmt.name} blocks need a 2-D [out, in] weight whose input features "
+                         f"{fmt.block_size} divides, got shape {tuple(w.shape)}")
+    gran = granularity(name, tuple(w.shape), (w.shape[0], w.shape[1] // fmt.block_size), (1, fmt.block_size))
+    if q.is_nvfp4:
+        amax = q.global_amax if q.global_amax is not None else w.abs().max()
+        pts = block_kernels.per_tensor_amax_to_scale(amax)
+        _, sb = block_kernels.nvfp4_quantize(w, pts, fmt.block_size)
+        scale = block_kernels.nvfp4_block_scales_hp(sb, pts)
+        return Plan(name, "float4", TensorProto.FLOAT4E2M1, gran, scale, torch.zeros_like(scale), None, None, None,
+                    23, "nvfp4 per-block")
+    _, code = block_kernels.mx_quantize(w, fmt, q.scaling_mode)
+    x = block_kernels.e8m0_to_float(code)
+    if fmt.element is None:  # MXINT8: k * (X / 64), |k| <= 127
+        grid = IntegerGrid(-127, 127)
+        itype = int_type_for(grid)
+        return Plan(name, "int", itype.proto, gran, x / 64, torch.zeros_like(x), grid, itype, None, 21,
+                    "mxint8 per-block")
+    if fmt.element_bits == 8:
+        dtype = block_kernels.element_storage_dtype(fmt)
+        return Plan(name, "float8", float8_types()[dtype], gran, x, torch.zeros_like(x), None, None, None, 21,
+                    f"{fmt.name} per-block")
+    if fmt.element_bits == 4:
+        return Plan(name, "float4", TensorProto.FLOAT4E2M1, gran, x, torch.zeros_like(x), None, None, None, 23,
+                    f"{fmt.name} per-block")
+    raise NotImplementedError(f"{name}: ONNX has no type for {fmt.name}'s 6-bit elements (float8, float4 and int8 "
+                              "MX weights export); keep this weight in PyTorch or use mxfp8/mxfp4")
+
+
+def block_scaled_weight_values(q: BlockScaledQuantizeDequantize, weight: torch.Tensor) -> torch.Tensor:
+    """The stored elements of an MX/NVFP4 weight (float values on the element grid; MXINT8: the integers k)."""
+    fmt = q.format
+    w = weight.detach().float()
+    if q.is_nvfp4:
+        amax = q.global_amax if q.global_amax is not None else w.abs().max()
+        return block_kernels.nvfp4_quantize(w, block_kernels.per_tensor_amax_to_scale(amax), fmt.block_size)[0]
+    p, _ = block_kernels.mx_quantize(w, fmt, q.scaling_mode)
+    return p * 64 if fmt.element is None else p
 
 
 def plan_for_calls(name: str, q: QuantizerBase, inputs: list[tuple[tuple[int, ...], torch.dtype]]) -> Plan:

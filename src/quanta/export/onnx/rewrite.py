@@ -20,9 +20,10 @@ import torch
 from quanta.export.onnx.elements import tensor_proto
 from quanta.export.onnx.markers import MARKER_DOMAIN, MARKER_OP, Slot
 from quanta.export.onnx.nodes import Names, dq_nodes, qdq_nodes, uncast_nodes
-from quanta.export.onnx.plan import Plan, int_codes, kernel_blocks
+from quanta.export.onnx.plan import Plan, block_scaled_weight_values, int_codes, kernel_blocks
 from quanta.kernels import float_cast
 from quanta.quantization.base import QuantizerBase
+from quanta.quantization.float import BlockScaledQuantizeDequantize
 
 __all__ = ["finish", "replace_markers"]
 
@@ -163,6 +164,9 @@ def _weight_nodes(slot: Slot, plan: Plan | None, names: Names, *, qdq: bool, pre
         return [], [tensor_proto(name, w, TensorProto.FLOAT)], name
     assert plan is not None
     out = names.fresh(f"{name}_dequantized")
+    if isinstance(slot.quantizer, BlockScaledQuantizeDequantize):  # stored quantized: exactly the sim's elements
+        nodes, inits = dq_nodes(plan, name, out, names)
+        return nodes, [tensor_proto(name, block_scaled_weight_values(slot.quantizer, w), plan.proto), *inits], out
     if not prequantize:
         clamp = plan.narrow and not torch.equal(int_codes(plan, w, plan.grid.qmin, plan.grid.qmax),
                                                 int_codes(plan, w, plan.itype.qmin, plan.itype.qmax))

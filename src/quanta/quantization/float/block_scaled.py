@@ -14,8 +14,10 @@ Use it anywhere a quantizer goes, e.g. as a QuantizationSimModel weight quantize
 
     sim.model.fc.param_quantizers["weight"] = BlockScaledQuantizeDequantize("mxfp4")
 
-AIMET's encodings files and quanta's ONNX QDQ export have no entry for these formats and refuse such a sim
-with a message naming the quantizer.
+As a weight quantizer its block scales are constants, and ``quanta.export.onnx.export_onnx`` writes the weight
+as its stored elements and a per-block DequantizeLinear (MXFP8: float8, MXINT8: int8, opset 21; MXFP4 / NVFP4:
+FLOAT4E2M1, opset 23; fp6 has no ONNX type). On activations (scales from each input) and in AIMET's encodings
+files it has no form: those refuse it with a message naming the quantizer.
 
 >>> import torch
 >>> q = BlockScaledQuantizeDequantize("mxfp4", block_size=4)
