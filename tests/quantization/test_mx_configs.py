@@ -141,3 +141,15 @@ def test_gpt2_conv1d_is_refused_not_copied():
     assert report.quantized == ["1"] and "Conv1D" in report.skipped["0"]
     assert type(model[0].weight) is torch.nn.Parameter and model[0].weight.dtype == torch.float32
     assert transformers is not None
+
+
+@pytest.mark.parametrize("config", [
+    MXDynamicActivationMXWeightConfig(activation_dtype=torch.float4_e2m1fn_x2, weight_dtype=torch.float4_e2m1fn_x2),
+    NVFP4DynamicActivationNVFP4WeightConfig()], ids=["mxfp4", "nvfp4"])
+def test_torch_compile_gives_the_eager_bits(config):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+    quantize_(model, config, strict=True)
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        assert torch.equal(torch.compile(model)(x), model(x))

@@ -168,10 +168,13 @@ class MXTensor(BlockScaledTensor):
         cdt = torch.float32 if dtype == torch.float16 else dtype  # element values are exact in cdt
         return kernels.mx_dequantize(kernels.decode_elements(q, self.format, cdt), s, self.format, dtype)
 
+    @torch.compiler.disable
     def dequantize(self, output_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """``P * 2**(e - 127)`` in ``output_dtype`` (default: ``orig_dtype``)."""
         return self._dequantize_rows(slice(None), output_dtype or self.orig_dtype)
 
+    # torch.compile runs it eagerly (a graph break): inductor has no CPU code for float8_e8m0fnu scales
+    @torch.compiler.disable
     def _linear(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         if self.dim() != 2:
             raise ValueError(f"F.linear needs a 2-D MXTensor weight, got shape {tuple(self.shape)}")

@@ -187,8 +187,7 @@ class NVFP4Tensor(BlockScaledTensor):
             x_scale = per_tensor_amax_to_scale(torch.max(torch.abs(x2.detach())))
         else:
             x_scale = self.act_per_tensor_scale
-        p, sb = kernels.nvfp4_quantize(x2.detach(), x_scale, k.block_size)
-        xq = kernels.nvfp4_dequantize(p, sb, None, torch.float32)
+        xq = kernels.nvfp4_block_dequantized(x2, x_scale, k.block_size)
         out = tiled_linear(xq, lambda r0, r1: self._rows(r0, r1, False, torch.float32), n, None).to(dtype)
         scales = [s for s in (x_scale, self.per_tensor_scale) if s is not None]
         if scales:

@@ -43,7 +43,6 @@ saturate (``|x / X|`` at most ``max`` plus half the top step of the element grid
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -52,6 +51,12 @@ import torch.nn.functional as F
 from quanta.grids.block_scaled import (
     E8M0_EXPONENT_BIAS,
     E8M0_EXPONENT_NAN_VAL,
+    MXFP4,
+    MXFP6_E2M3,
+    MXFP6_E3M2,
+    MXFP8_E4M3,
+    MXFP8_E5M2,
+    MXINT8,
     NVFP4,
     BlockScaledFormat,
     BlockScaleKind,
@@ -72,6 +77,7 @@ __all__ = [
     "nvfp4_quantize",
     "nvfp4_dequantize",
     "nvfp4_block_scales_hp",
+    "nvfp4_block_dequantized",
     "nvfp4_quantize_dequantize",
     "per_tensor_amax_to_scale",
     "element_storage_dtype",
@@ -202,9 +208,29 @@ def mx_dequantize(p: torch.Tensor, code: torch.Tensor, fmt: BlockScaledFormat,
     return (pb * s.unsqueeze(-1)).reshape(p.shape).to(dtype)
 
 
-@functools.lru_cache(maxsize=None)
 def _e8m0_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``2**(c - 127)`` for every code ``c`` in ``dtype`` (cached, except while tracing)."""
+    return _traced_or_cached(_build_e8m0_table, dtype, device)
+
+
+def _build_e8m0_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return e8m0_to_float(torch.arange(256, dtype=torch.uint8)).to(dtype).to(device)
+
+
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _traced_or_cached(build, *key):
+    """``build(*key)``, cached; under torch.compile or another fake-tensor mode built afresh, since a cached
+    tensor would cross tracing modes (a table of 256 entries costs nothing to rebuild)."""
+    from torch._guards import detect_fake_mode
+
+    if torch.compiler.is_compiling() or detect_fake_mode() is not None:
+        return build(*key)
+    k = (build, *key)
+    if k not in _TABLES:
+        _TABLES[k] = build(*key)
+    return _TABLES[k]
 
 
 def per_tensor_amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -289,9 +315,35 @@ class _BlockFakeQuant(torch.autograd.Function):
         return torch.where(saturated, 0.0, dy), None
 
 
+def _mx_qdq_raw(v: torch.Tensor, fmt: BlockScaledFormat, mode: ScaleCalculationMode
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(QDQ(v), saturated)`` for MX."""
+    xb = _blocks(v.detach(), fmt.block_size)
+    p, code = _mx_quantize_blocks(xb, fmt, mode)
+    s = e8m0_to_float(code).unsqueeze(-1)
+    out = (p * s).reshape(v.shape).to(v.dtype)
+    return out, ((xb / s).abs() > _saturation_edge(fmt)).reshape(v.shape)
+
+
+def _nvfp4_qdq_raw(v: torch.Tensor, per_tensor_scale: Optional[torch.Tensor], block_size: int,
+                   with_tensor_scale: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(QDQ(v), saturated)`` for NVFP4 (``with_tensor_scale=False``: ``P * s_b`` in float32, the per-tensor
+    scale left for the caller, as NVIDIA's fp4 GEMM applies it)."""
+    xb = _blocks(v.detach(), block_size)
+    sb = _nvfp4_block_scale(_amax(xb), per_tensor_scale)
+    scaled = _nvfp4_scaled(xb, sb, per_tensor_scale)
+    p = fake_cast(scaled.clamp(-FP4_E2M1.max, FP4_E2M1.max), FP4_E2M1)
+    mask = (scaled.abs() > _saturation_edge(NVFP4)).reshape(v.shape)
+    if not with_tensor_scale:
+        return (p * sb).reshape(v.shape), mask
+    return (p * nvfp4_block_scales_hp(sb, per_tensor_scale)).reshape(v.shape).to(v.dtype), mask
+
+
 def mx_quantize_dequantize(x: torch.Tensor, fmt: BlockScaledFormat,
                            mode: ScaleCalculationMode = ScaleCalculationMode.FLOOR) -> torch.Tensor:
     """MX fake quantization: ``mx_dequantize(*mx_quantize(x))`` in ``x.dtype``, straight-through gradient.
+
+    Under ``torch.compile`` it is the opaque custom op ``quanta::mx_quantize_dequantize`` (same bits).
 
     >>> from quanta.grids.block_scaled import MXFP4
     >>> mx_quantize_dequantize(torch.tensor([0.1, -0.7, 3.0, 5.9, 0, 0, 0, 0.01]), MXFP4.with_block_size(4))
@@ -299,36 +351,113 @@ def mx_quantize_dequantize(x: torch.Tensor, fmt: BlockScaledFormat,
     """
     _check_format(fmt, BlockScaleKind.E8M0)
     check_blocks(x, fmt.block_size)
-
-    def fn(v):
-        xb = _blocks(v.detach(), fmt.block_size)
-        p, code = _mx_quantize_blocks(xb, fmt, mode)
-        s = e8m0_to_float(code).unsqueeze(-1)
-        out = (p * s).reshape(v.shape).to(v.dtype)
-        return out, ((xb / s).abs() > _saturation_edge(fmt)).reshape(v.shape)
-
-    return _BlockFakeQuant.apply(x, fn)
+    if torch.compiler.is_compiling():
+        return torch.ops.quanta.mx_quantize_dequantize(x, fmt.name, fmt.block_size, mode.value)
+    return _BlockFakeQuant.apply(x, lambda v: _mx_qdq_raw(v, fmt, mode))
 
 
 def nvfp4_quantize_dequantize(x: torch.Tensor, per_tensor_scale: Optional[torch.Tensor] = None,
                               block_size: int = NVFP4.block_size) -> torch.Tensor:
     """NVFP4 fake quantization: ``nvfp4_dequantize(*nvfp4_quantize(x))`` in ``x.dtype``, straight-through.
 
+    Under ``torch.compile`` it is the opaque custom op ``quanta::nvfp4_quantize_dequantize`` (same bits).
+
     >>> nvfp4_quantize_dequantize(torch.tensor([0.3, -1.2, 6.0, 2.9]), block_size=4)
     tensor([ 0.5000, -1.0000,  6.0000,  3.0000])
     """
     check_blocks(x, block_size)
     _check_per_tensor_scale(per_tensor_scale)
+    if torch.compiler.is_compiling():
+        return torch.ops.quanta.nvfp4_quantize_dequantize(x, per_tensor_scale, block_size, True)
+    return _BlockFakeQuant.apply(x, lambda v: _nvfp4_qdq_raw(v, per_tensor_scale, block_size))
 
-    def fn(v):
-        xb = _blocks(v.detach(), block_size)
-        sb = _nvfp4_block_scale(_amax(xb), per_tensor_scale)
-        hp = nvfp4_block_scales_hp(sb, per_tensor_scale)
-        scaled = _nvfp4_scaled(xb, sb, per_tensor_scale)
-        p = fake_cast(scaled.clamp(-FP4_E2M1.max, FP4_E2M1.max), FP4_E2M1)
-        return (p * hp).reshape(v.shape).to(v.dtype), (scaled.abs() > _saturation_edge(NVFP4)).reshape(v.shape)
 
-    return _BlockFakeQuant.apply(x, fn)
+def nvfp4_block_dequantized(x: torch.Tensor, per_tensor_scale: Optional[torch.Tensor] = None,
+                            block_size: int = NVFP4.block_size) -> torch.Tensor:
+    """``P * s_b`` of NVFP4-quantized ``x`` in float32, without the per-tensor scale (what an fp4 GEMM
+    multiplies; the tensor scales multiply its result). No gradient."""
+    check_blocks(x, block_size)
+    _check_per_tensor_scale(per_tensor_scale)
+    if torch.compiler.is_compiling():
+        return torch.ops.quanta.nvfp4_quantize_dequantize(x.detach(), per_tensor_scale, block_size, False)
+    return _nvfp4_qdq_raw(x, per_tensor_scale, block_size, with_tensor_scale=False)[0]
+
+
+# --------------------------------------------------------------------------- custom ops (torch.compile)
+_BY_NAME = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3, MXFP6_E3M2, MXFP4, MXINT8)}
+
+
+def _mx_fmt(name: str, block_size: int) -> BlockScaledFormat:
+    return _BY_NAME[name].with_block_size(block_size) if _BY_NAME[name].block_size != block_size else _BY_NAME[name]
+
+
+@torch.library.custom_op("quanta::mx_quantize_dequantize", mutates_args=())
+def _mx_op(x: torch.Tensor, fmt: str, block_size: int, mode: str) -> torch.Tensor:
+    return _mx_qdq_raw(x, _mx_fmt(fmt, block_size), ScaleCalculationMode(mode))[0]
+
+
+@_mx_op.register_fake
+def _(x, fmt, block_size, mode):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("quanta::mx_saturated", mutates_args=())
+def _mx_mask_op(x: torch.Tensor, fmt: str, block_size: int, mode: str) -> torch.Tensor:
+    return _mx_qdq_raw(x, _mx_fmt(fmt, block_size), ScaleCalculationMode(mode))[1]
+
+
+@_mx_mask_op.register_fake
+def _(x, fmt, block_size, mode):
+    return torch.empty(x.shape, dtype=torch.bool, device=x.device)
+
+
+def _mx_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.args = inputs[1:]
+
+
+def _mx_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    sat = torch.ops.quanta.mx_saturated(x, *ctx.args)
+    return torch.where(sat, torch.zeros_like(grad), grad), None, None, None
+
+
+_mx_op.register_autograd(_mx_backward, setup_context=_mx_setup)
+
+
+@torch.library.custom_op("quanta::nvfp4_quantize_dequantize", mutates_args=())
+def _nvfp4_op(x: torch.Tensor, per_tensor_scale: Optional[torch.Tensor], block_size: int,
+              with_tensor_scale: bool) -> torch.Tensor:
+    return _nvfp4_qdq_raw(x, per_tensor_scale, block_size, with_tensor_scale)[0]
+
+
+@_nvfp4_op.register_fake
+def _(x, per_tensor_scale, block_size, with_tensor_scale):
+    return torch.empty_like(x, dtype=x.dtype if with_tensor_scale else torch.float32)
+
+
+@torch.library.custom_op("quanta::nvfp4_saturated", mutates_args=())
+def _nvfp4_mask_op(x: torch.Tensor, per_tensor_scale: Optional[torch.Tensor], block_size: int) -> torch.Tensor:
+    return _nvfp4_qdq_raw(x, per_tensor_scale, block_size)[1]
+
+
+@_nvfp4_mask_op.register_fake
+def _(x, per_tensor_scale, block_size):
+    return torch.empty(x.shape, dtype=torch.bool, device=x.device)
+
+
+def _nvfp4_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.args = (inputs[1], inputs[2])
+
+
+def _nvfp4_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    sat = torch.ops.quanta.nvfp4_saturated(x, *ctx.args)
+    return torch.where(sat, torch.zeros_like(grad), grad), None, None, None
+
+
+_nvfp4_op.register_autograd(_nvfp4_backward, setup_context=_nvfp4_setup)
 
 
 # --------------------------------------------------------------------------- element codes (storage)
@@ -369,9 +498,12 @@ def decode_elements(qdata: torch.Tensor, fmt: BlockScaledFormat, dtype: torch.dt
     return out.reshape(*qdata.shape[:-1], -1)
 
 
-@functools.lru_cache(maxsize=None)
 def _code_table(fmt: BlockScaledFormat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Each byte's element values: fp4 ``[256, 2]`` (low nibble, high nibble), fp6 ``[256, 1]``."""
+    return _traced_or_cached(_build_code_table, fmt, dtype, device)
+
+
+def _build_code_table(fmt: BlockScaledFormat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     b = torch.arange(256, dtype=torch.uint8)
     if fmt.element_bits == 4:
         return torch.stack([fpx_codes.decode(b & 15, fmt.element), fpx_codes.decode(b >> 4, fmt.element)],
