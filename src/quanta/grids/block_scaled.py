@@ -54,6 +54,7 @@ __all__ = [
     "MXINT8",
     "NVFP4",
     "MX_FORMATS",
+    "BLOCK_SCALED_FORMATS",
     "DTYPE_FP6_E2M3",
     "DTYPE_FP6_E3M2",
     "E8M0_EXPONENT_BIAS",
@@ -146,6 +147,11 @@ MX_FORMATS: dict[Union[torch.dtype, str], BlockScaledFormat] = {
     torch.float4_e2m1fn_x2: MXFP4,
     torch.int8: MXINT8,
 }
+
+
+#: every block-scaled format by name (``"mxfp4"``, ``"nvfp4"``...)
+BLOCK_SCALED_FORMATS: dict[str, BlockScaledFormat] = {
+    f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3, MXFP6_E3M2, MXFP4, MXINT8, NVFP4)}
 
 
 def mx_format(elem_dtype: Union[torch.dtype, str], block_size: int = 32) -> BlockScaledFormat:

@@ -49,14 +49,9 @@ import torch
 import torch.nn.functional as F
 
 from quanta.grids.block_scaled import (
+    BLOCK_SCALED_FORMATS,
     E8M0_EXPONENT_BIAS,
     E8M0_EXPONENT_NAN_VAL,
-    MXFP4,
-    MXFP6_E2M3,
-    MXFP6_E3M2,
-    MXFP8_E4M3,
-    MXFP8_E5M2,
-    MXINT8,
     NVFP4,
     BlockScaledFormat,
     BlockScaleKind,
@@ -384,11 +379,9 @@ def nvfp4_block_dequantized(x: torch.Tensor, per_tensor_scale: Optional[torch.Te
 
 
 # --------------------------------------------------------------------------- custom ops (torch.compile)
-_BY_NAME = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3, MXFP6_E3M2, MXFP4, MXINT8)}
-
-
 def _mx_fmt(name: str, block_size: int) -> BlockScaledFormat:
-    return _BY_NAME[name].with_block_size(block_size) if _BY_NAME[name].block_size != block_size else _BY_NAME[name]
+    fmt = BLOCK_SCALED_FORMATS[name]
+    return fmt.with_block_size(block_size) if fmt.block_size != block_size else fmt
 
 
 @torch.library.custom_op("quanta::mx_quantize_dequantize", mutates_args=())

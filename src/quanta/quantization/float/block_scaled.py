@@ -37,27 +37,11 @@ from typing import Optional, Union
 
 import torch
 
-from quanta.grids.block_scaled import (
-    MXFP4,
-    MXFP6_E2M3,
-    MXFP6_E3M2,
-    MXFP8_E4M3,
-    MXFP8_E5M2,
-    MXINT8,
-    NVFP4,
-    BlockScaledFormat,
-    BlockScaleKind,
-    ScaleCalculationMode,
-)
+from quanta.grids.block_scaled import BLOCK_SCALED_FORMATS, BlockScaledFormat, BlockScaleKind, ScaleCalculationMode
 from quanta.kernels.block_scaled import mx_quantize_dequantize, nvfp4_quantize_dequantize, per_tensor_amax_to_scale
 from quanta.quantization.base import QuantizerBase
 
 __all__ = ["BlockScaledQuantizeDequantize", "BlockScaledEncoding", "BLOCK_SCALED_FORMATS"]
-
-#: the format names the quantizer takes
-BLOCK_SCALED_FORMATS: dict[str, BlockScaledFormat] = {
-    f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3, MXFP6_E3M2, MXFP4, MXINT8, NVFP4)}
-
 
 @dataclass(frozen=True)
 class BlockScaledEncoding:
