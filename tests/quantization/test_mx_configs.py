@@ -144,8 +144,9 @@ def test_gpt2_conv1d_is_refused_not_copied():
 
 
 @pytest.mark.parametrize("config", [
+    MXDynamicActivationMXWeightConfig(),
     MXDynamicActivationMXWeightConfig(activation_dtype=torch.float4_e2m1fn_x2, weight_dtype=torch.float4_e2m1fn_x2),
-    NVFP4DynamicActivationNVFP4WeightConfig()], ids=["mxfp4", "nvfp4"])
+    NVFP4DynamicActivationNVFP4WeightConfig()], ids=["mxfp8", "mxfp4", "nvfp4"])
 def test_torch_compile_gives_the_eager_bits(config):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))

@@ -33,7 +33,7 @@ from typing import Optional, Union
 import torch
 
 from quanta.dtypes.block_scaled import BlockScaledTensor, KernelPreference, tiled_linear
-from quanta.grids.block_scaled import BlockScaledFormat, ScaleCalculationMode, mx_format
+from quanta.grids.block_scaled import MX_FORMATS, BlockScaledFormat, ScaleCalculationMode, mx_format
 from quanta.kernels import block_scaled as kernels
 
 __all__ = ["MXTensor", "QuantizeTensorToMXKwargs", "ScaleCalculationMode"]
@@ -110,7 +110,7 @@ class MXTensor(BlockScaledTensor):
         self = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=orig_dtype, device=qdata.device,
                                                    requires_grad=False)
         self.qdata = qdata
-        self.scale = scale.view(torch.float8_e8m0fnu)
+        self.scale = scale if scale.dtype == torch.float8_e8m0fnu else scale.view(torch.float8_e8m0fnu)
         self.elem_dtype = elem_dtype
         self.block_size = block_size
         self.orig_dtype = orig_dtype
@@ -168,28 +168,20 @@ class MXTensor(BlockScaledTensor):
         cdt = torch.float32 if dtype == torch.float16 else dtype  # element values are exact in cdt
         return kernels.mx_dequantize(kernels.decode_elements(q, self.format, cdt), s, self.format, dtype)
 
-    @torch.compiler.disable
     def dequantize(self, output_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """``P * 2**(e - 127)`` in ``output_dtype`` (default: ``orig_dtype``)."""
         return self._dequantize_rows(slice(None), output_dtype or self.orig_dtype)
 
-    # torch.compile runs it eagerly (a graph break): inductor has no CPU code for float8_e8m0fnu scales
-    @torch.compiler.disable
     def _linear(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         if self.dim() != 2:
             raise ValueError(f"F.linear needs a 2-D MXTensor weight, got shape {tuple(self.shape)}")
-        dtype = self.orig_dtype
-        x2 = x.reshape(-1, x.shape[-1])
-        k = self.act_quant_kwargs
-        if k is not None:
-            fmt = mx_format(k.elem_dtype, k.block_size)
-            kernels.check_blocks(x2, k.block_size, "the input")
-            x2 = kernels.mx_quantize_dequantize(x2.to(dtype), fmt, k.scaling_mode)  # straight-through gradient
-        else:
-            x2 = x2.to(dtype)
-        out = tiled_linear(x2, lambda r0, r1: self._dequantize_rows(slice(r0, r1), dtype), self.shape[0],
-                           None if bias is None else bias.to(dtype))
-        return out.reshape(*x.shape[:-1], self.shape[0])
+        if torch.compiler.is_compiling():  # one opaque op: inductor has no CPU code for float8_e8m0fnu scales
+            k = self.act_quant_kwargs
+            return torch.ops.quanta.mx_linear(
+                x, self.qdata, self.scale.view(torch.uint8), self.format.name, self.block_size, self.orig_dtype,
+                None if k is None else mx_format(k.elem_dtype, k.block_size).name,
+                0 if k is None else k.block_size, "" if k is None else k.scaling_mode.value, bias)
+        return _mx_linear_eager(self, x, bias)
 
     def _with(self, **changes) -> "MXTensor":
         a = {n: getattr(self, n) for n in (*self.tensor_data_names, *self.tensor_attribute_names)}
@@ -201,3 +193,36 @@ class MXTensor(BlockScaledTensor):
     def _rebuild(cls, inner: dict, meta: list) -> "MXTensor":
         return MXTensor(inner["qdata"], inner["scale"], *meta)
 
+
+def _mx_linear_eager(w: MXTensor, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``addmm(bias, MX(x), dequantize(w).T)`` in the weight's dtype, the weight a tile of rows at a time."""
+    dtype = w.orig_dtype
+    x2 = x.reshape(-1, x.shape[-1])
+    k = w.act_quant_kwargs
+    if k is not None:
+        fmt = mx_format(k.elem_dtype, k.block_size)
+        kernels.check_blocks(x2, k.block_size, "the input")
+        x2 = kernels.mx_quantize_dequantize(x2.to(dtype), fmt, k.scaling_mode)  # straight-through gradient
+    else:
+        x2 = x2.to(dtype)
+    out = tiled_linear(x2, lambda r0, r1: w._dequantize_rows(slice(r0, r1), dtype), w.shape[0],
+                       None if bias is None else bias.to(dtype))
+    return out.reshape(*x.shape[:-1], w.shape[0])
+
+
+_ELEM_OF = {f.name: elem for elem, f in MX_FORMATS.items()}
+
+
+@torch.library.custom_op("quanta::mx_linear", mutates_args=())
+def _mx_linear_op(x: torch.Tensor, qdata: torch.Tensor, scale_codes: torch.Tensor, fmt: str, block_size: int,
+                  orig_dtype: torch.dtype, act_fmt: Optional[str], act_block_size: int, act_mode: str,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
+    act = None if act_fmt is None else QuantizeTensorToMXKwargs(_ELEM_OF[act_fmt], act_block_size,
+                                                                ScaleCalculationMode(act_mode))
+    w = MXTensor(qdata, scale_codes, _ELEM_OF[fmt], block_size, orig_dtype, None, act)
+    return _mx_linear_eager(w, x, bias)
+
+
+@_mx_linear_op.register_fake
+def _(x, qdata, scale_codes, fmt, block_size, orig_dtype, act_fmt, act_block_size, act_mode, bias):
+    return x.new_empty((*x.shape[:-1], qdata.shape[0]), dtype=orig_dtype)
