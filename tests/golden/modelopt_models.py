@@ -4,6 +4,8 @@ transformers' own LlamaForCausalLM. Imported by both: torch, and transformers fo
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -100,6 +102,14 @@ NAMED = ["INT8_DEFAULT_CFG", "INT8_WEIGHT_ONLY_CFG", "FP8_DEFAULT_CFG", "INT4_BL
          "INT8_SMOOTHQUANT_CFG", "INT4_AWQ_CFG", "W4A8_AWQ_BETA_CFG"]
 
 
+def mtq_int4_blocks() -> list[dict]:
+    """int4 weights in static blocks of 128, inputs in fp8 (so AWQ also calibrates and folds into them)."""
+    return [{"quantizer_name": "*", "enable": False},
+            {"quantizer_name": "*weight_quantizer", "cfg": {"num_bits": 4, "block_sizes": {-1: 128, "type": "static"}}},
+            {"quantizer_name": "*input_quantizer", "cfg": {"num_bits": (4, 3)}},
+            {"quantizer_name": "*lm_head*", "enable": False}]
+
+
 def custom_configs() -> dict[str, dict]:
     return {
         "int4_per_channel_unsigned_inputs_legacy_dict": {
@@ -121,6 +131,10 @@ def custom_configs() -> dict[str, dict]:
                           {"quantizer_name": "*weight_quantizer", "cfg": {"num_bits": 8, "axis": 0}},
                           {"quantizer_name": "*input_quantizer", "cfg": {"num_bits": 8}}],
             "algorithm": {"method": "smoothquant", "alpha": 0.5}},
+        "int4_awq_clip": {"quant_cfg": copy.deepcopy(mtq_int4_blocks()), "algorithm": {"method": "awq_clip"}},
+        "int4_awq_full": {"quant_cfg": copy.deepcopy(mtq_int4_blocks()),
+                          "algorithm": {"method": "awq_full", "alpha_step": 0.25, "max_tokens_per_batch": 16,
+                                        "max_co_batch_size": 100}},
         "int8_blocks_of_64_histogram_free": {
             "quant_cfg": [{"quantizer_name": "*", "enable": False},
                           {"quantizer_name": "*weight_quantizer",

@@ -265,3 +265,118 @@ def awq_lite(model: nn.Module, forward_loop: Callable, alpha_step: float,
                    lambda mm: max_calibrate(mm, lambda x: x.weight_quantizer(x.weight)))
             done += 1
     return done
+
+
+# --------------------------------------------------------------------------- AWQ (clip)
+class _AWQClip:
+    """One Linear's state in ``awq_clip``: its per-block weight amax and each clip ratio's loss."""
+
+    def __init__(self, m: nn.Module, min_clip_ratio: float, shrink_step: float, stats_on, stats_off) -> None:
+        wq = m.weight_quantizer
+        bs = wq.block_sizes
+        self.block_size = bs.get(-1, bs.get(1))
+        wq.reset_amax()
+        active = stats_on(wq)
+        wq(m.weight)
+        stats_off(active)
+        self.w_amax = wq.amax.clone()
+        co, ci = m.weight.shape
+        ratios = [round(float(k), 2) for k in torch.arange(min_clip_ratio, 1.0, shrink_step)] + [1.0]
+        self.per_tensor = wq.axis is None and (bs is None or bs.get("type") == "dynamic")
+        shape = () if self.per_tensor else (co, -(-ci // self.block_size))
+        self.loss = {k: torch.zeros(shape, dtype=torch.float32) for k in ratios}
+        self.tokens = 0
+        self.is_input_quantized = m.input_quantizer.is_enabled
+        wq.disable()
+
+
+def _clip_search(m: nn.Module, h: _AWQClip, inputs: torch.Tensor, co_bsz: int, max_tokens: int) -> None:
+    """Add each clip ratio's output error (per output row and block) on ``inputs``."""
+    wq = m.weight_quantizer
+    weight = m.weight
+    wq.enable()
+    if h.per_tensor:
+        out_actual = inputs @ weight.T
+        original = wq.amax.clone()
+        h.tokens += inputs.shape[0]
+        for shrink in h.loss:
+            wq.amax = original * shrink
+            h.loss[shrink] += (inputs @ wq(weight).T - out_actual).float().pow(2).mean()
+        return
+    inputs = inputs.view(-1, inputs.shape[-1])
+    inputs = inputs[0::max(1, inputs.shape[0] // max_tokens)]
+    h.tokens += inputs.shape[0]
+    b = h.block_size
+    co, ci = weight.shape
+    if ci % b:
+        weight = F.pad(weight, (0, b - ci % b), "constant", 0)
+        inputs = F.pad(inputs, (0, b - ci % b), "constant", 0)
+    weight = weight.reshape(co, 1, -1, b)
+    inputs = inputs.reshape(1, inputs.shape[0], -1, b)
+    for start in range(0, co, co_bsz):
+        rows = slice(start, min(start + co_bsz, co))
+        w = weight[rows]
+        org_out = (inputs * w).sum(dim=-1)
+        for shrink in h.loss:
+            wq.amax = h.w_amax * shrink
+            cur_w = wq(m.weight)[rows]
+            if cur_w.shape[-1] % b:
+                cur_w = F.pad(cur_w, (0, b - cur_w.shape[-1] % b), "constant", 0)
+            cur_out = (inputs * cur_w.reshape(w.shape)).sum(dim=-1)
+            h.loss[shrink][rows] += (cur_out - org_out).float().pow(2).mean(dim=1)
+
+
+def awq_clip(model: nn.Module, forward_loop: Callable, stats_on, stats_off,
+             max_calibrate: Callable[[nn.Module, Callable], None], max_co_batch_size: int = 1024,
+             max_tokens_per_batch: int = 64, min_clip_ratio: float = 0.5, shrink_step: float = 0.05) -> int:
+    """ModelOpt's ``awq_clip``: for every block-quantized Linear weight, the clip ratio of each block's amax
+    (``min_clip_ratio, +shrink_step, ..., 1``) with the least output error on (up to ``max_tokens_per_batch``
+    rows of) each batch's inputs; returns how many layers it clipped."""
+    for name, v in (("min_clip_ratio", min_clip_ratio), ("shrink_step", shrink_step)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise ValueError(f"awq_clip {name} must be in (0, 1], got {v!r}")
+    for name, v in (("max_co_batch_size", max_co_batch_size), ("max_tokens_per_batch", max_tokens_per_batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"awq_clip {name} must be a positive int, got {v!r}")
+    layers = [(n, m) for n, m in model.named_modules()
+              if _is_linear(m) and m.weight_quantizer.is_enabled and m.weight_quantizer.block_sizes is not None]
+
+    def forward(m: nn.Module, input: torch.Tensor, *args, **kwargs):
+        h: _AWQClip = m.__dict__["_awq_clip"]
+        iq = m.input_quantizer
+        if h.is_input_quantized:
+            iq.enable()
+            max_calibrate(iq, lambda q: q(input))
+            iq.disable()
+        _clip_search(m, h, iq(input), max_co_batch_size, max_tokens_per_batch)
+        m.weight_quantizer.disable()
+        return m.quant_forward(input, *args, **kwargs)
+
+    for _, m in layers:
+        m.__dict__["_awq_clip"] = _AWQClip(m, min_clip_ratio, shrink_step, stats_on, stats_off)
+        m.__dict__["_forward_override"] = forward
+    try:
+        active = stats_on(model)
+        with torch.no_grad():
+            forward_loop(model)
+        stats_off(active)
+    finally:
+        for _, m in layers:
+            m.__dict__.pop("_forward_override", None)
+    done = 0
+    for _, m in layers:
+        h = m.__dict__.pop("_awq_clip")
+        if h.tokens > 0:
+            best_loss = torch.full_like(h.w_amax, float("inf"))
+            best = torch.zeros_like(h.w_amax)
+            for shrink, loss in h.loss.items():
+                loss = loss.view_as(h.w_amax)
+                better = loss < best_loss
+                best_loss = torch.where(better, loss, best_loss)
+                best = torch.where(better, h.w_amax * shrink, best)
+            m.weight_quantizer.amax = best
+            m.weight_quantizer.enable()
+            if h.is_input_quantized:
+                m.input_quantizer.enable()
+            done += 1
+    return done

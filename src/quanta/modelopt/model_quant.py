@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
-from quanta.modelopt.algorithms import alpha_of, awq_lite, finish_smoothquant, smoothquant_layers
+from quanta.modelopt.algorithms import alpha_of, awq_clip, awq_lite, finish_smoothquant, smoothquant_layers
 from quanta.modelopt.config import QuantizerAttributeConfig, check_config, normalize_quant_cfg_list
 from quanta.modelopt.modules import convert, fold_weight, is_quantized, quantizers, registered_class
 from quanta.modelopt.tensor_quantizer import SequentialQuantizer, TensorQuantizer
@@ -34,7 +34,7 @@ __all__ = ["quantize", "calibrate", "set_quantizer_by_cfg", "set_quantizer_attri
            "enable_quantizer", "print_quant_summary", "fold_weight", "is_quantized"]
 
 ForwardLoop = Callable[[nn.Module], Any]
-_ALGORITHMS_ELSEWHERE = ("awq_full", "awq_clip", "mse", "local_hessian", "gptq",
+_ALGORITHMS_ELSEWHERE = ("mse", "local_hessian", "gptq",
                          "svdquant")
 
 
@@ -114,13 +114,13 @@ def _check_algorithm(algorithm: Any) -> Optional[str]:
     method, kwargs = _method(algorithm)
     if method in _ALGORITHMS_ELSEWHERE:
         raise NotImplementedError(
-            f"calibration algorithm {method!r} is not in quanta.modelopt yet; use 'max', 'smoothquant' or "
-            "'awq_lite' here, or quanta.quantization.quantize_ with AWQConfig / GPTQConfig for real quantized "
-            "weights")
+            f"calibration algorithm {method!r} is not in quanta.modelopt yet; use 'max', 'smoothquant', "
+            "'awq_lite', 'awq_clip' or 'awq_full' here, or quanta.quantization.quantize_ with GPTQConfig for real "
+            "quantized weights")
     if method == "smoothquant":
         alpha_of(kwargs)
-    elif method == "awq_lite":
-        pass  # its keywords are checked when it runs
+    elif method in ("awq_lite", "awq_clip", "awq_full"):
+        pass  # their keywords are checked when they run
     elif method not in (None, "max") or kwargs:
         raise ValueError(f"unknown calibration algorithm {algorithm!r}; quanta.modelopt runs 'max', 'smoothquant' "
                          "(or None)")
@@ -168,17 +168,26 @@ def _max_calibrate(model: nn.Module, forward_loop: Optional[ForwardLoop]) -> Non
         _stats_off(active)
 
 
-def _awq(model: nn.Module, forward_loop: ForwardLoop, kwargs: dict) -> None:
-    unknown = set(kwargs) - {"alpha_step", "debug"}
+_CLIP_KEYS = ("max_co_batch_size", "max_tokens_per_batch", "min_clip_ratio", "shrink_step")
+
+
+def _awq(model: nn.Module, forward_loop: ForwardLoop, method: str, kwargs: dict) -> None:
+    allowed = {"awq_lite": ("alpha_step", "debug"), "awq_clip": (*_CLIP_KEYS, "debug"),
+               "awq_full": ("alpha_step", *_CLIP_KEYS, "debug")}[method]
+    unknown = set(kwargs) - set(allowed)
     if unknown:
-        raise ValueError(f"awq_lite takes 'alpha_step' only, got {sorted(unknown)}")
+        raise ValueError(f"{method} takes {sorted(set(allowed) - {'debug'})}, got {sorted(unknown)}")
+    loop = lambda m: _run(forward_loop, m)  # noqa: E731
     # a SequentialQuantizer (W4A8: int4 then fp8) searches with its first quantizer, as ModelOpt's
     sequential = [(name, q) for name, q in quantizers(model) if isinstance(q, SequentialQuantizer)]
     for name, q in sequential:
         _replace(model, name, q[0])
     try:
-        awq_lite(model, lambda m: _run(forward_loop, m), kwargs.get("alpha_step", 0.1), _stats_on, _stats_off,
-                 _max_calibrate)
+        if method in ("awq_lite", "awq_full"):
+            awq_lite(model, loop, kwargs.get("alpha_step", 0.1), _stats_on, _stats_off, _max_calibrate)
+        if method in ("awq_clip", "awq_full"):
+            awq_clip(model, loop, _stats_on, _stats_off, _max_calibrate,
+                     **{k: kwargs[k] for k in _CLIP_KEYS if k in kwargs})
     finally:
         for name, q in sequential:
             _replace(model, name, q)
@@ -193,10 +202,11 @@ def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[F
     ``"max"``: every static quantizer's amax from the weights and from what ``forward_loop(model)`` runs through
     the model (in float: quantization is off meanwhile). ``"smoothquant"`` (``{"method": "smoothquant",
     "alpha": a}``): SmoothQuant on the int8 Linear layers (:mod:`quanta.modelopt.algorithms`), then "max".
-    ``"awq_lite"`` (``{"method": "awq_lite", "alpha_step": 0.1}``): AWQ's scale search on the Linear layers.
-    ``None`` does nothing. ModelOpt's other algorithms (``"awq_full"``, ``"awq_clip"``, ``"mse"``...) raise
-    ``NotImplementedError``: quanta runs full AWQ and GPTQ through ``quanta.quantization.quantize_``
-    (``AWQConfig``, ``GPTQConfig``) on real quantized weights.
+    ``"awq_lite"`` (``{"method": "awq_lite", "alpha_step": 0.1}``): AWQ's scale search on the Linear layers;
+    ``"awq_clip"`` (``max_co_batch_size``, ``max_tokens_per_batch``, ``min_clip_ratio``, ``shrink_step``): the
+    search of each weight block's clipping ratio; ``"awq_full"``: both. ``None`` does nothing. ModelOpt's other
+    algorithms (``"mse"``, ``"gptq"``...) raise ``NotImplementedError``: quanta runs GPTQ through
+    ``quanta.quantization.quantize_`` (``GPTQConfig``) on real quantized weights.
     """
     method = _check_algorithm(algorithm)
     if method is None:
@@ -206,10 +216,10 @@ def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: Optional[F
     training = model.training
     model.eval()
     try:
-        if method == "awq_lite":
+        if method in ("awq_lite", "awq_clip", "awq_full"):
             if forward_loop is None:
-                raise ValueError("awq_lite needs forward_loop (it searches on the activations)")
-            _awq(model, forward_loop, _method(algorithm)[1])
+                raise ValueError(f"{method} needs forward_loop (it searches on the activations)")
+            _awq(model, forward_loop, method, _method(algorithm)[1])
         elif method == "smoothquant":
             if forward_loop is None:
                 raise ValueError("smoothquant needs forward_loop (it calibrates on the activations)")
@@ -235,7 +245,7 @@ def quantize(model: nn.Module, config: dict, forward_loop: Optional[ForwardLoop]
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     entries, algorithm = check_config(config)
     method = _check_algorithm(algorithm)
-    if method in ("smoothquant", "awq_lite") and forward_loop is None:  # before anything changes
+    if method in ("smoothquant", "awq_lite", "awq_clip", "awq_full") and forward_loop is None:  # before any change
         raise ValueError(f"{method} needs forward_loop (it calibrates on the activations)")
     for e in entries:
         if e["parent_class"]:
