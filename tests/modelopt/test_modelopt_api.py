@@ -173,6 +173,7 @@ def test_forward_loop_without_arguments():
     ({"quant_cfg": [{"quantizer_name": "*", "enable": False, "parent_class": "nn.Foo"}]}, ValueError, "nn.Foo"),
     ({"quant_cfg": [], "algorithm": "mse"}, NotImplementedError, "mse"),
     ({"quant_cfg": [], "algorithm": "awq_full"}, ValueError, "needs forward_loop"),
+    ({"quant_cfg": [], "algorithm": {"method": "awq_lite", "alpha": 0.5}}, ValueError, "awq_lite takes"),
     ({"quant_cfg": [], "algorithm": "awq_lite"}, ValueError, "needs forward_loop"),
     ({"quant_cfg": [], "algorithm": "smoothquant"}, ValueError, "needs forward_loop"),
     ({"quant_cfg": [], "algorithm": {"method": "smoothquant", "alpha": 2.0}}, ValueError, "alpha"),

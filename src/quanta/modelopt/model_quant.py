@@ -120,7 +120,7 @@ def _check_algorithm(algorithm: Any) -> Optional[str]:
     if method == "smoothquant":
         alpha_of(kwargs)
     elif method in ("awq_lite", "awq_clip", "awq_full"):
-        pass  # their keywords are checked when they run
+        _check_awq_kwargs(method, kwargs)
     elif method not in (None, "max") or kwargs:
         raise ValueError(f"unknown calibration algorithm {algorithm!r}; quanta.modelopt runs 'max', 'smoothquant' "
                          "(or None)")
@@ -171,12 +171,16 @@ def _max_calibrate(model: nn.Module, forward_loop: Optional[ForwardLoop]) -> Non
 _CLIP_KEYS = ("max_co_batch_size", "max_tokens_per_batch", "min_clip_ratio", "shrink_step")
 
 
-def _awq(model: nn.Module, forward_loop: ForwardLoop, method: str, kwargs: dict) -> None:
+def _check_awq_kwargs(method: str, kwargs: dict) -> None:
     allowed = {"awq_lite": ("alpha_step", "debug"), "awq_clip": (*_CLIP_KEYS, "debug"),
                "awq_full": ("alpha_step", *_CLIP_KEYS, "debug")}[method]
     unknown = set(kwargs) - set(allowed)
     if unknown:
         raise ValueError(f"{method} takes {sorted(set(allowed) - {'debug'})}, got {sorted(unknown)}")
+
+
+def _awq(model: nn.Module, forward_loop: ForwardLoop, method: str, kwargs: dict) -> None:
+    _check_awq_kwargs(method, kwargs)
     loop = lambda m: _run(forward_loop, m)  # noqa: E731
     # a SequentialQuantizer (W4A8: int4 then fp8) searches with its first quantizer, as ModelOpt's
     sequential = [(name, q) for name, q in quantizers(model) if isinstance(q, SequentialQuantizer)]
