@@ -143,10 +143,11 @@ def test_gradients_pass_through_by_default_and_clip_on_request():
     x = torch.tensor([0.5, 2.0], requires_grad=True)
     q(x).sum().backward()
     assert x.grad.tolist() == [1.0, 1.0]
-    q = mtq.TensorQuantizer(mtq.QuantizerAttributeConfig(num_bits=8, pass_through_bwd=False), amax=1.0)
-    x = torch.tensor([0.5, 2.0], requires_grad=True)
-    q(x).sum().backward()
-    assert x.grad.tolist() == [1.0, 0.0]
+    for bits in (8, (4, 3)):
+        q = mtq.TensorQuantizer(mtq.QuantizerAttributeConfig(num_bits=bits, pass_through_bwd=False), amax=1.0)
+        x = torch.tensor([0.5, 2.0], requires_grad=True)
+        q(x).sum().backward()
+        assert x.grad.tolist() == [1.0, 0.0]
 
 
 def test_state_dict_round_trip():

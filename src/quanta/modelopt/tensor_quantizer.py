@@ -65,6 +65,21 @@ class _PassThrough(torch.autograd.Function):
         return grad, None
 
 
+class _ClippedPassThrough(torch.autograd.Function):
+    """``pass_through_bwd=False`` for FP8: the gradient passes where ``|x| <= amax``, 0 elsewhere."""
+
+    @staticmethod
+    def forward(ctx, x, amax, fn):
+        ctx.save_for_backward(x.detach().abs() <= amax.to(x.dtype))
+        with torch.no_grad():
+            return fn(x.detach())
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inside,) = ctx.saved_tensors
+        return torch.where(inside, grad, torch.zeros_like(grad)), None, None
+
+
 class TensorQuantizer(StageSwitches, nn.Module):
     """One quantizer (ModelOpt's attributes, switches and ``load_calib_amax``).
 
@@ -257,6 +272,8 @@ class TensorQuantizer(StageSwitches, nn.Module):
             return nvfp4_quantize_dequantize(x, per_tensor_amax_to_scale(amax.reshape(())), block)
         amax = self._amax_for(x)
         if isinstance(nb, tuple):
+            if x.requires_grad:  # pass_through_bwd=False: straight-through inside [-amax, amax]
+                return _ClippedPassThrough.apply(x, amax, lambda v: fake_e4m3_quant_modelopt(v, amax))
             return fake_e4m3_quant_modelopt(x, amax)
         return fake_tensor_quant(x, amax, nb, self.unsigned, self.narrow_range)
 
