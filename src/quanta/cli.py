@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="MODEL a transformers checkpoint directory: quantize its weights with this algorithm, "
                                "block by block (--calib: a text file, or token ids [samples, length] in .pt/.npy)")
     quantize.add_argument("--weights", choices=qc.WEIGHTS,
-                          help="checkpoint weights: int4/int3 groups, int8 per row, w8a8 (int8 dynamic activations); "
+                          help="checkpoint weights: int4/int3 groups, int8 per row, w8a8 (int8 dynamic activations), "
+                               "nvfp4 (weight-only), mxfp4/mxfp8 (MX weights and activations; rtn only); "
                                "default int4, w8a8 for smoothquant")
     quantize.add_argument("--group-size", type=_positive_int, help="checkpoint int4/int3 group size (default 128)")
     quantize.add_argument("--seq-len", type=_positive_int, help="checkpoint calibration window in tokens (default 512)")

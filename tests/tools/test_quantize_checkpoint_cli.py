@@ -92,3 +92,21 @@ def test_config_and_batches():
         config_for("gptq", "int2", 128)
     with pytest.raises(ValueError, match="--seq-len"):
         token_batches(CORPUS, ".", seq_len=0, batch_size=1)
+
+
+@pytest.mark.parametrize("weights, kind", [("nvfp4", "NVFP4Tensor"), ("mxfp4", "MXTensor"), ("mxfp8", "MXTensor")])
+def test_block_scaled_weights(llama_dir, tmp_path, weights, kind):
+    torch.save(torch.randint(0, 200, (2, 16)), tmp_path / "ids.pt")
+    out = tmp_path / weights
+    assert main(["quantize", str(llama_dir), "--algorithm", "rtn", "--weights", weights, "--calib",
+                 str(tmp_path / "ids.pt"), "--out", str(out), "--no-progress"]) == 0
+    model = quanta.load_pretrained(out)
+    assert type(model.model.layers[0].self_attn.q_proj.weight).__name__ == kind
+    ref = transformers.LlamaForCausalLM.from_pretrained(llama_dir)
+    ids = torch.randint(0, 200, (1, 8))
+    with torch.no_grad():
+        a, b = model(ids).logits, ref(ids).logits
+    assert float((a - b).pow(2).mean() / b.pow(2).mean()) < 0.1
+    with pytest.raises(ValueError, match="goes with --algorithm rtn"):
+        config_for("gptq", weights, 128)
+

@@ -26,7 +26,8 @@ import torch
 __all__ = ["ALGORITHMS", "WEIGHTS", "config_for", "token_batches", "quantize_checkpoint", "CheckpointResult"]
 
 ALGORITHMS = ("gptq", "awq", "smoothquant", "rtn")
-WEIGHTS = ("int4", "int3", "int8", "w8a8")
+WEIGHTS = ("int4", "int3", "int8", "w8a8", "nvfp4", "mxfp4", "mxfp8")
+_BLOCK_SCALED = ("nvfp4", "mxfp4", "mxfp8")  # round to nearest only (their scales come from each block)
 _INT4_GROUPS = (32, 64, 128, 256)
 _DEFAULT_WEIGHTS = {"gptq": "int4", "awq": "int4", "rtn": "int4", "smoothquant": "w8a8"}
 
@@ -40,6 +41,8 @@ def config_for(algorithm: str, weights: Optional[str], group_size: int):
         Int8DynamicActivationInt8WeightConfig,
         Int8WeightOnlyConfig,
         IntxWeightOnlyConfig,
+        MXDynamicActivationMXWeightConfig,
+        NVFP4WeightOnlyConfig,
         PerGroup,
         SmoothQuantConfig,
     )
@@ -54,9 +57,16 @@ def config_for(algorithm: str, weights: Optional[str], group_size: int):
     if weights == "int4" and group_size not in _INT4_GROUPS:
         raise ValueError(f"--group-size for int4 weights must be one of {', '.join(map(str, _INT4_GROUPS))} (the "
                          f"int4 CPU kernel's), got {group_size}")
+    if weights in _BLOCK_SCALED and algorithm != "rtn":
+        raise ValueError(f"--weights {weights} goes with --algorithm rtn (its block scales come from each block of "
+                         f"the weight; {algorithm} searches integer grids), got --algorithm {algorithm}")
+    mx = MXDynamicActivationMXWeightConfig
     base = {"int4": lambda: Int4WeightOnlyConfig(group_size=group_size),
             "int3": lambda: IntxWeightOnlyConfig(torch.int3, PerGroup(group_size)),
-            "int8": Int8WeightOnlyConfig, "w8a8": Int8DynamicActivationInt8WeightConfig}[weights]()
+            "int8": Int8WeightOnlyConfig, "w8a8": Int8DynamicActivationInt8WeightConfig,
+            "nvfp4": NVFP4WeightOnlyConfig,
+            "mxfp4": lambda: mx(activation_dtype=torch.float4_e2m1fn_x2, weight_dtype=torch.float4_e2m1fn_x2),
+            "mxfp8": mx}[weights]()
     if algorithm == "gptq":
         return GPTQConfig(base_config=base)
     if algorithm == "awq":
