@@ -271,10 +271,16 @@ def nvfp4_quantize(x: torch.Tensor, per_tensor_scale: Optional[torch.Tensor] = N
     """
     check_blocks(x, block_size)
     _check_per_tensor_scale(per_tensor_scale)
-    xb = _blocks(x, block_size)
-    sb = _nvfp4_block_scale(_amax(xb), per_tensor_scale)
-    p = fake_cast(_nvfp4_scaled(xb, sb, per_tensor_scale).clamp(-FP4_E2M1.max, FP4_E2M1.max), FP4_E2M1)
+    p, sb, _ = _nvfp4_quantize_blocks(_blocks(x, block_size), per_tensor_scale)
     return p.reshape(x.shape), sb.squeeze(-1)
+
+
+def _nvfp4_quantize_blocks(xb: torch.Tensor, per_tensor_scale: Optional[torch.Tensor]
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(P, s_b, x * r)`` of blocks ``xb`` (``s_b`` keepdim; ``x * r``: the elements before rounding)."""
+    sb = _nvfp4_block_scale(_amax(xb), per_tensor_scale)
+    scaled = _nvfp4_scaled(xb, sb, per_tensor_scale)
+    return fake_cast(scaled.clamp(-FP4_E2M1.max, FP4_E2M1.max), FP4_E2M1), sb, scaled
 
 
 def nvfp4_block_scales_hp(block_scale: torch.Tensor, per_tensor_scale: Optional[torch.Tensor]) -> torch.Tensor:
@@ -324,10 +330,7 @@ def _nvfp4_qdq_raw(v: torch.Tensor, per_tensor_scale: Optional[torch.Tensor], bl
                    with_tensor_scale: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``(QDQ(v), saturated)`` for NVFP4 (``with_tensor_scale=False``: ``P * s_b`` in float32, the per-tensor
     scale left for the caller, as NVIDIA's fp4 GEMM applies it)."""
-    xb = _blocks(v.detach(), block_size)
-    sb = _nvfp4_block_scale(_amax(xb), per_tensor_scale)
-    scaled = _nvfp4_scaled(xb, sb, per_tensor_scale)
-    p = fake_cast(scaled.clamp(-FP4_E2M1.max, FP4_E2M1.max), FP4_E2M1)
+    p, sb, scaled = _nvfp4_quantize_blocks(_blocks(v.detach(), block_size), per_tensor_scale)
     mask = (scaled.abs() > _saturation_edge(NVFP4)).reshape(v.shape)
     if not with_tensor_scale:
         return (p * sb).reshape(v.shape), mask

@@ -179,8 +179,7 @@ def block_scaled_weight_plan(name: str, q: BlockScaledQuantizeDequantize, weight
                          f"{fmt.block_size} divides, got shape {tuple(w.shape)}")
     gran = granularity(name, tuple(w.shape), (w.shape[0], w.shape[1] // fmt.block_size), (1, fmt.block_size))
     if q.is_nvfp4:
-        amax = q.global_amax if q.global_amax is not None else w.abs().max()
-        pts = block_kernels.per_tensor_amax_to_scale(amax)
+        pts = block_kernels.per_tensor_amax_to_scale(q.tensor_amax(w))
         _, sb = block_kernels.nvfp4_quantize(w, pts, fmt.block_size)
         scale = block_kernels.nvfp4_block_scales_hp(sb, pts)
         return Plan(name, "float4", TensorProto.FLOAT4E2M1, gran, scale, torch.zeros_like(scale), None, None, None,
@@ -208,8 +207,8 @@ def block_scaled_weight_values(q: BlockScaledQuantizeDequantize, weight: torch.T
     fmt = q.format
     w = weight.detach().float()
     if q.is_nvfp4:
-        amax = q.global_amax if q.global_amax is not None else w.abs().max()
-        return block_kernels.nvfp4_quantize(w, block_kernels.per_tensor_amax_to_scale(amax), fmt.block_size)[0]
+        return block_kernels.nvfp4_quantize(w, block_kernels.per_tensor_amax_to_scale(q.tensor_amax(w)),
+                                            fmt.block_size)[0]
     p, _ = block_kernels.mx_quantize(w, fmt, q.scaling_mode)
     return p * 64 if fmt.element is None else p
 

@@ -127,10 +127,16 @@ class BlockScaledQuantizeDequantize(QuantizerBase):
         x = input.as_subclass(torch.Tensor) if type(input) is not torch.Tensor else input
         if not self.is_nvfp4:
             return mx_quantize_dequantize(x, self.format, self.scaling_mode)
-        amax = x.detach().abs().max().float()
         if self._calibrating:
+            amax = x.detach().abs().max().float()
             self._seen = amax if self._seen is None else torch.maximum(self._seen, amax)
-        tensor_amax = self.global_amax if self.global_amax is not None and not self._calibrating else amax
+        tensor_amax = self.tensor_amax(x)
         if not bool(tensor_amax > 0):
             return x * 0  # an all-zero tensor (no scale to take)
         return nvfp4_quantize_dequantize(x, per_tensor_amax_to_scale(tensor_amax), self.format.block_size)
+
+    def tensor_amax(self, x: torch.Tensor) -> torch.Tensor:
+        """NVFP4's per-tensor amax for ``x``: the calibrated ``global_amax`` (outside calibration), else ``x``'s."""
+        if self.global_amax is not None and not self._calibrating:
+            return self.global_amax
+        return x.detach().abs().max().float()
