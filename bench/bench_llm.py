@@ -26,16 +26,23 @@ Measured in one run, rounds interleaved across all variants (medians over rounds
 with transformers' eager attention. ``--cache static`` gives every torch variant transformers'
 preallocated ``StaticCache`` instead of the ``DynamicCache`` that grows by concatenation.
 
+``--compile`` runs every torch variant's decode steps through ``torch.compile`` (inductor, static
+shapes) with transformers' ``StaticCache``, as a serving loop would (the prompt, one call of its own
+shape, stays eager); the compilation happens in the warm-up, outside the timings.
+
 Not a test: nothing asserts on time. Threads: 2 for everyone (``--threads``).
-``OMP_WAIT_POLICY`` is set to ``passive`` unless the environment sets it (for this
-process and the llama.cpp worker alike): on a machine whose cores other jobs
-also use, OpenMP's default spin-waiting makes every parallel region wait for a
-descheduled thread (a 2-layer model decoded 13x slower with 2 threads than with
-1 here, and 80x faster once passive); ``--omp-wait-policy active`` restores
-torch's default.
+OpenMP's wait policy is the environment's (``OMP_WAIT_POLICY``, unset by default: torch's
+OpenMP runtime spins briefly after each parallel region, then sleeps); ``--omp-wait-policy
+passive`` sets it for this process and the llama.cpp worker alike. On a quiet machine the
+default is what a user gets and the fastest: measured here (2 cores, issue 17's model, int4
+g128), decode took 31 ms a token with the default and 52 ms with ``passive``, whose threads
+sleep at once and must be woken for each of a decode step's ~120 parallel regions (llama.cpp
+runs one region per step). On a machine whose cores other jobs also use, spinning makes every
+parallel region wait for a descheduled thread (a 2-layer model once decoded 13x slower with 2
+threads than with 1 here), and ``passive`` is the better measurement.
 
     python bench/bench_llm.py [--rounds 3] [--decode-tokens 32] [--llama-python /path/to/python]
-                              [--attn sdpa|eager|quanta_cpu] [--cache dynamic|static]
+                              [--attn sdpa|eager|quanta_cpu] [--cache dynamic|static] [--compile]
 """
 
 from __future__ import annotations
@@ -203,8 +210,12 @@ def _new_cache(model, kind: str, tokens: int):
     return DynamicCache() if kind == "dynamic" else StaticCache(config=model.config, max_cache_len=tokens)
 
 
-def _measure(torch, model, prompts, decode_tokens: int, gen, cache_kind: str = "dynamic") -> dict:
+def _measure(torch, model, prompts, decode_tokens: int, gen, cache_kind: str = "dynamic", step=None,
+             cache_tokens: int | None = None) -> dict:
+    """Prefill and decode tokens/s of ``model``; the decode steps call ``step`` (default: the model itself, else
+    its compiled form) on a cache of ``cache_tokens`` (default: the prompt plus the decoded tokens)."""
     kw = _cache_kw(model)
+    step = model if step is None else step
     res = {}
     with torch.inference_mode():
         for n in prompts:
@@ -214,14 +225,14 @@ def _measure(torch, model, prompts, decode_tokens: int, gen, cache_kind: str = "
             model(input_ids=ids, use_cache=True, logits_to_keep=1, cache_position=torch.arange(n), **{kw: cache})
             res[f"prefill{n}"] = n / (time.perf_counter() - t0)
         ids = torch.randint(3, CONFIG["vocab_size"], (1, DECODE_CONTEXT), generator=gen)
-        cache = _new_cache(model, cache_kind, DECODE_CONTEXT + decode_tokens)
+        cache = _new_cache(model, cache_kind, cache_tokens or DECODE_CONTEXT + decode_tokens)
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1, cache_position=torch.arange(DECODE_CONTEXT),
                     **{kw: cache})
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         t0 = time.perf_counter()
         for i in range(decode_tokens):
-            out = model(input_ids=tok, use_cache=True, cache_position=torch.tensor([DECODE_CONTEXT + i]),
-                        **{kw: cache})
+            out = step(input_ids=tok, use_cache=True, cache_position=torch.tensor([DECODE_CONTEXT + i]),
+                       **{kw: cache})
             tok = out.logits[:, -1].argmax(-1, keepdim=True)
         res["decode"] = decode_tokens / (time.perf_counter() - t0)
     return res
@@ -303,15 +314,21 @@ def main() -> None:
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--weights-dir", help=argparse.SUPPRESS)
     ap.add_argument("--kinds", help=argparse.SUPPRESS)
-    ap.add_argument("--omp-wait-policy", default=os.environ.get("OMP_WAIT_POLICY", "passive"))
+    ap.add_argument("--omp-wait-policy", default=os.environ.get("OMP_WAIT_POLICY"),
+                    help="OMP_WAIT_POLICY for this process and the llama.cpp worker (default: the environment's)")
     ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager", "quanta_cpu"),
                     help="transformers' attention implementation for every torch variant, bf16 included")
     ap.add_argument("--cache", default="dynamic", choices=("dynamic", "static"),
                     help="transformers' KV cache for every torch variant: DynamicCache or StaticCache")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile every torch variant's decode step (implies --cache static)")
     args = ap.parse_args()
     if args.llama_worker:
         return _llama_worker(args)
-    os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # before torch starts its OpenMP runtime
+    if args.omp_wait_policy:
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # before torch starts its OpenMP runtime
+    if args.compile:
+        args.cache = "static"  # a growing cache changes shapes at every step
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -328,6 +345,16 @@ def main() -> None:
     llama = None if args.no_llama else _start_llama(args, base, torch)
     variants = _variants(torch, base)
     int_linear_native.ops()
+    steps = {name: m for name, m in variants}  # what each decode step calls
+    if args.compile:
+        import torch._dynamo
+
+        # one graph per variant (their weights differ in type and metadata): above the default limit of 8
+        torch._dynamo.config.cache_size_limit = torch._dynamo.config.accumulated_cache_size_limit = 64
+        for name, m in variants:  # compiled at the one shape the rounds use, untimed
+            steps[name] = torch.compile(m, dynamic=False)
+            _measure(torch, m, (), 2, torch.Generator().manual_seed(2), args.cache, steps[name],
+                     DECODE_CONTEXT + args.decode_tokens)
     bw = _bandwidth(torch, args.threads)
     gen = torch.Generator().manual_seed(1)
     for _, m in variants:  # warm-up: first calls build caches
@@ -337,7 +364,7 @@ def main() -> None:
     for r in range(args.rounds):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for name, m in order:
-            rows[name].append(_measure(torch, m, PROMPTS, args.decode_tokens, gen, args.cache))
+            rows[name].append(_measure(torch, m, PROMPTS, args.decode_tokens, gen, args.cache, steps[name]))
         if llama is not None:
             llama.stdin.write(json.dumps({"prompts": list(PROMPTS), "context": DECODE_CONTEXT,
                                           "decode": args.decode_tokens}) + "\n")
@@ -356,7 +383,8 @@ def main() -> None:
     bf16_decode = med(rows["bf16"], "decode")
     print(f"\ntorch {torch.__version__}, {args.threads} threads, quanta kernels {int_linear_native.status()} "
           f"({int_linear_native.isa()}), attention {args.attn}, {args.cache} cache, "
-          f"OMP_WAIT_POLICY={args.omp_wait_policy}; "
+          f"{'decode steps torch.compile-d' if args.compile else 'eager'}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
           f"read bandwidth {bw / 1e9:.1f} GB/s; load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; medians of {args.rounds} interleaved rounds; decode "
           f"after a {DECODE_CONTEXT}-token prompt, {args.decode_tokens} tokens")

@@ -309,3 +309,68 @@ def test_disabled_runs_the_fallback_with_close_results():
     # torch's int8 kernel rounds activations and output to bfloat16; the reference is float32
     assert torch.allclose(f8, y8, rtol=2**-7, atol=2**-7 * float(y8.abs().max()))
     assert torch.allclose(f4, y4, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ torch.compile
+@pytest.mark.parametrize("config", ["int8", "int4", "int8_dynamic", "int8_dynamic_asymmetric"])
+def test_compiled_model_calls_the_native_kernels_in_one_graph(config):
+    """The kernels have shape-only fake implementations: ``fullgraph=True`` traces a quantized model whole, the graph
+    calls ``quanta_cpu`` ops directly (no Python wrapper op per call), and the results are eager's bits."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    from quanta.encodings.torchao import MappingType
+    from quanta.quantization import (Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+                                     Int8WeightOnlyConfig, quantize_)
+
+    cfg = {"int8": Int8WeightOnlyConfig(), "int4": Int4WeightOnlyConfig(group_size=32),
+           "int8_dynamic": Int8DynamicActivationInt8WeightConfig(),
+           "int8_dynamic_asymmetric": Int8DynamicActivationInt8WeightConfig(act_mapping_type=MappingType.ASYMMETRIC),
+           }[config]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.SiLU(), torch.nn.Linear(64, 48))
+    model = model.to(torch.bfloat16)
+    quantize_(model, cfg)
+    torch._dynamo.reset()
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.inference_mode():
+        for m in (1, 3, 20):  # decode and prefill paths
+            x = torch.randn(m, 96, dtype=torch.bfloat16)
+            assert torch.equal(compiled(x), model(x))
+    code = "\n".join(g.code for g in backend.fw_graphs)
+    assert "quanta_cpu." in code and "torch.ops.quanta." not in code, code
+
+
+def test_decode_attention_compiles_to_the_native_op():
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    from quanta.kernels.decode_attention import decode_attention
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 1, 16, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 11, 16, dtype=torch.bfloat16) for _ in range(2))
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[1, :3] = False
+    torch._dynamo.reset()
+    backend = AotEagerAndRecordGraphs()
+    got = torch.compile(decode_attention, backend=backend, fullgraph=True)(q, k, v, None, mask)
+    assert torch.equal(got, decode_attention(q, k, v, None, mask))
+    assert "quanta_cpu.decode_attention" in "\n".join(g.code for g in backend.fw_graphs)
+
+
+def test_compiled_dynamic_activations_carry_a_nan_row_to_its_outputs():
+    """Traced code cannot raise on values as eager does (ValueError): a NaN input row gives NaN outputs there."""
+    from quanta.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 32)
+    quantize_(model, Int8DynamicActivationInt8WeightConfig())
+    x = torch.randn(3, 64)
+    x[1, 7] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        model(x)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        y = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+    assert torch.isnan(y[1]).all() and not torch.isnan(y[[0, 2]]).any()
+    assert torch.equal(y[[0, 2]], model(x[[0, 2]]))

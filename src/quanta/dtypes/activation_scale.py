@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
+from quanta.dtypes.compile_cache import stable_hash_for_caching
 from quanta.dtypes.dequantized_fallback import run_on_dequantized
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor
 
@@ -94,6 +95,10 @@ class WeightTensorWithLinearActivationScaleMetadata(torch.Tensor):
     @property
     def storage_nbytes(self) -> int:
         return self.original_weight_tensor.storage_nbytes + self.scale.numel() * self.scale.element_size()
+
+    def _stable_hash_for_caching(self) -> str:
+        """The key of this tensor in torch.compile's caches (:mod:`quanta.dtypes.compile_cache`)."""
+        return stable_hash_for_caching(self)
 
     def __tensor_flatten__(self):
         return ["original_weight_tensor", "scale"], None

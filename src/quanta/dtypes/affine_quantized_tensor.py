@@ -33,6 +33,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils._pytree import tree_map
 
+from quanta.dtypes.compile_cache import stable_hash_for_caching
 from quanta.dtypes.layouts import Float8Layout, FloatxTensorCoreLayout, Int4CPULayout, Layout, PlainLayout, UintxLayout
 from quanta.dtypes.tensor_impl import AQTTensorImpl, impl_class_for
 from quanta.encodings import torchao as P
@@ -197,12 +198,27 @@ class AffineQuantizedTensor(torch.Tensor):
         self.zero_point_domain = zero_point_domain
 
     # -- torch.compile / tensor subclass protocol -------------------------------------------
+    def _stable_hash_for_caching(self) -> str:
+        """The key of this tensor in torch.compile's caches (:mod:`quanta.dtypes.compile_cache`)."""
+        return stable_hash_for_caching(self)
+
     def __tensor_flatten__(self):
-        names = [f"_impl_{k}" for k, v in self.tensor_impl.tensors().items() if v is not None]
-        state = tuple(sorted((k, v) for k, v in vars(self.tensor_impl).items()
-                             if k not in type(self.tensor_impl).tensor_names))
-        return names, (type(self.tensor_impl), state, self.block_size, self.shape, self.quant_min,
-                       self.quant_max, self.zero_point_domain, self.dtype)
+        # Computed once per storage: torch.compile's guards call this on every quantized weight at every call of
+        # a compiled model (the storage's fields are set when it is built and not changed after).
+        impl = self.tensor_impl
+        cached = self.__dict__.get("_flatten")
+        if cached is not None and cached[0] is impl:
+            return list(cached[1][0]), cached[1][1]
+        names = [f"_impl_{k}" for k, v in impl.tensors().items() if v is not None]
+        state = tuple(sorted((k, v) for k, v in vars(impl).items() if k not in type(impl).tensor_names))
+        flat = names, (type(impl), state, self.block_size, self.shape, self.quant_min, self.quant_max,
+                       self.zero_point_domain, self.dtype)
+        self.__dict__["_flatten"] = (impl, flat)
+        return list(names), flat[1]
+
+    def __getstate__(self) -> dict:
+        # pickling (torch.save) keeps the fields, not the cache above
+        return {k: v for k, v in self.__dict__.items() if k != "_flatten"}
 
     @classmethod
     def __tensor_unflatten__(cls, inner, meta, outer_size, outer_stride):

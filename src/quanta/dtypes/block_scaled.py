@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from quanta.dtypes.compile_cache import stable_hash_for_caching
 from quanta.dtypes.dequantized_fallback import run_on_dequantized
 
 __all__ = ["KernelPreference", "BlockScaledTensor", "tiled_linear"]
@@ -88,6 +89,10 @@ class BlockScaledTensor(torch.Tensor):
     def storage_nbytes(self) -> int:
         """Bytes of the stored tensors (codes, scales)."""
         return sum(getattr(self, n).numel() * getattr(self, n).element_size() for n in self._tensor_names())
+
+    def _stable_hash_for_caching(self) -> str:
+        """The key of this tensor in torch.compile's caches (:mod:`quanta.dtypes.compile_cache`)."""
+        return stable_hash_for_caching(self)
 
     def __tensor_flatten__(self):
         return self._tensor_names(), [getattr(self, a) for a in self.tensor_attribute_names]

@@ -28,10 +28,11 @@ from typing import Optional
 import torch
 
 from quanta.dtypes.affine_quantized_tensor import AffineQuantizedTensor
+from quanta.dtypes.compile_cache import stable_hash_for_caching
 from quanta.dtypes.layouts import PlainLayout
 from quanta.dtypes.ops import dispatch, swaps_2d
 from quanta.encodings.torchao import MappingType, ZeroPointDomain
-from quanta.kernels import int_linear, linear_ops
+from quanta.kernels import int_linear, int_linear_native, linear_ops
 from quanta.kernels.int_linear import int8_weight_col_sums
 
 __all__ = ["LinearActivationQuantizedTensor", "check_int8_dynamic_weight"]
@@ -104,6 +105,10 @@ class LinearActivationQuantizedTensor(torch.Tensor):
         extra = 0 if self.weight_col_sums is None else self.weight_col_sums.numel() * 4
         return self.original_weight_tensor.storage_nbytes + extra
 
+    def _stable_hash_for_caching(self) -> str:
+        """The key of this tensor in torch.compile's caches (:mod:`quanta.dtypes.compile_cache`)."""
+        return stable_hash_for_caching(self)
+
     def __tensor_flatten__(self):
         names = ["original_weight_tensor"] + (["weight_col_sums"] if self.weight_col_sums is not None else [])
         return names, (self.act_mapping_type, self.transposed)
@@ -174,6 +179,14 @@ class LinearActivationQuantizedTensor(torch.Tensor):
         if x.dtype == torch.float64:  # activations become int8 anyway: run in float32, return float64
             return self.linear(x.to(torch.float32), None if bias is None else bias.to(torch.float32)).to(x.dtype)
         scale = impl.scale.reshape(-1).to(torch.float32)
-        kernels = linear_ops if torch.compiler.is_compiling() else int_linear  # opaque ops in traced graphs
-        return kernels.int8_dynamic_activation_linear(x, impl.int_data.t(), scale, self.weight_col_sums, bias,
-                                                      act_symmetric=self.act_mapping_type is MappingType.SYMMETRIC)
+        symmetric = self.act_mapping_type is MappingType.SYMMETRIC
+        native = int_linear_native.status() == "native"
+        if torch.compiler.is_compiling() and not native:  # the Python kernels as opaque ops in traced graphs
+            return linear_ops.int8_dynamic_activation_linear(x, impl.int_data.t(), scale, self.weight_col_sums,
+                                                             bias, act_symmetric=symmetric)
+        if native and self.weight_col_sums is not None and x.device.type == "cpu" and impl.int_data.is_contiguous():
+            # the native op directly (it has a fake implementation): no Python checks per call, eager or traced
+            return int_linear.int8_dynamic_activation_linear_prepared(x, impl.int_data, scale, self.weight_col_sums,
+                                                                      bias, act_symmetric=symmetric)
+        return int_linear.int8_dynamic_activation_linear(x, impl.int_data.t(), scale, self.weight_col_sums, bias,
+                                                         act_symmetric=symmetric)

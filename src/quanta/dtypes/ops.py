@@ -45,7 +45,7 @@ from quanta.dtypes.block_ops import num_blocks, reshape_block_size, slice_block
 from quanta.dtypes.layouts import FloatxTensorCoreLayout, PlainLayout
 from quanta.dtypes.tensor_impl import Int4CPUAQTTensorImpl, PlainAQTTensorImpl, impl_class_for
 from quanta.encodings.torchao import ZeroPointDomain
-from quanta.kernels import int_linear, linear_ops
+from quanta.kernels import int_linear, int_linear_native, linear_ops
 
 __all__ = ["dispatch", "implements", "linear", "matmul", "swaps_2d"]
 
@@ -168,7 +168,10 @@ def _matmul(x: torch.Tensor, q: AQT, flip: bool, bias: Optional[torch.Tensor]) -
     impl = q.tensor_impl
     storage_is_weight = impl.transposed != flip
     if storage_is_weight and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
-        traced = torch.compiler.is_compiling()  # opaque ops in traced graphs; eager: the kernel, unchecked
+        # Traced (torch.compile, torch.export) without the native kernels: the Python custom ops (opaque in the
+        # graph). Otherwise the native op itself, unchecked (it has a shape-only fake implementation): eager and
+        # compiled calls alike skip the Python argument checks of the decode hot path.
+        traced = torch.compiler.is_compiling() and int_linear_native.status() != "native"
         scale16 = _int8_kernel_scale(q) if _int8_rows(q) else None
         if scale16 is not None:
             if traced:

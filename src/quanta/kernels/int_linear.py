@@ -518,7 +518,9 @@ def quantize_per_token_int8(x: torch.Tensor, *, symmetric: bool = True
         qmin, qmax = _ASYM_QMIN, _ASYM_QMAX
         scale, zp = _zp.asymmetric_qparams(mn, mx, qmin, qmax, _ASYM_EPS)
         scale, zero_point = scale.to(torch.float32), zp.to(torch.int8)
-    q = _zp.to_codes(_zp.quantize(x, layout, scale, zero_point, qmin, qmax), torch.int8, qmin, qmax)
+    # traced (torch.compile): no NaN check; a NaN row's scale is NaN, so its outputs are NaN (eager raises)
+    q = _zp.to_codes(_zp.quantize(x, layout, scale, zero_point, qmin, qmax), torch.int8, qmin, qmax,
+                     check_nan=not torch.compiler.is_compiling())
     return q, scale.reshape(m), None if zero_point is None else zero_point.reshape(m)
 
 
@@ -625,6 +627,29 @@ def int8_dynamic_activation_linear(x: torch.Tensor, weight_t: torch.Tensor, weig
         y = lib.int8_dynamic_linear(q, z_x, s_x.to(torch.float32).contiguous(), w, s_w.contiguous(), cs.contiguous(),
                                     _bias32(bias), x.dtype)
     return y.reshape(out_shape)
+
+
+def int8_dynamic_activation_linear_prepared(x: torch.Tensor, weight_int8: torch.Tensor, weight_scale: torch.Tensor,
+                                            weight_col_sums: torch.Tensor, bias: torch.Tensor | None = None, *,
+                                            act_symmetric: bool = True) -> torch.Tensor:
+    """:func:`int8_dynamic_activation_linear` without its Python argument checks: the decode hot path, and the
+    form ``torch.compile`` traces (the per-token quantization as plain torch ops, then one native op).
+
+    For callers that hold the contiguous int8 ``[N, K]`` codes, a float32 ``[N]`` scale and the int32 column sums
+    (a quantized tensor's ``linear``) and a float CPU ``x`` with ``K`` features. Same results as the checked call.
+    """
+    lib = _native.ops()
+    if lib is None:
+        return int8_dynamic_activation_linear(x, weight_int8.t(), weight_scale, weight_col_sums, bias,
+                                              act_symmetric=act_symmetric)
+    n, k = weight_int8.shape
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
+        return x.new_empty((*x.shape[:-1], n))
+    q, s_x, z_x = quantize_per_token_int8(x2, symmetric=act_symmetric)
+    y = lib.int8_dynamic_linear(q, z_x, s_x.to(torch.float32).contiguous(), weight_int8, weight_scale,
+                                weight_col_sums, _bias32(bias), x.dtype)
+    return y.reshape(*x.shape[:-1], n)
 
 
 # column sums computed for symmetric callers that pass none (the native kernel needs them), per weight tensor:

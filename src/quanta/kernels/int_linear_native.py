@@ -109,6 +109,7 @@ def _load():
             lib = _build()
             if int(lib.abi_version()) != _ABI_VERSION:
                 raise RuntimeError("stale extension (ABI version mismatch)")
+            _register_fakes()
             _state = "native"
             return lib
         except Exception as e:  # any failure means: the fallback kernels, said once
@@ -117,6 +118,23 @@ def _load():
     warnings.warn(f"quanta: native integer-linear kernels {_state}; using torch's kernels and the reference "
                   "implementation instead (slower)", RuntimeWarning, stacklevel=3)
     return None
+
+
+def _register_fakes() -> None:
+    """Shape-only implementations of the kernels, so that ``torch.compile`` and ``torch.export`` trace them as
+    opaque ops of the graph (without them, each call is a graph break)."""
+    from torch.library import register_fake
+
+    def rows_by_n(x, w):  # [M, K] x [N, ...] -> [M, N] in x's dtype
+        return x.new_empty((x.shape[0], w.shape[0]))
+
+    register_fake("quanta_cpu::int8_weight_only_linear")(lambda x, w, scale, bias: rows_by_n(x, w))
+    register_fake("quanta_cpu::int4_weight_only_linear")(
+        lambda x, packed, scale_and_zero, group_size, K, bias: rows_by_n(x, packed))
+    register_fake("quanta_cpu::int8_dynamic_linear")(
+        lambda qx, zx, sx, w, sw, colsum, bias, out_dtype: qx.new_empty((qx.shape[0], w.shape[0]), dtype=out_dtype))
+    register_fake("quanta_cpu::decode_attention")(
+        lambda q, k, v, scale, mask: q.new_empty((q.shape[0], 1, q.shape[1], q.shape[3])))
 
 
 class _Depth(threading.local):

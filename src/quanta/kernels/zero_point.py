@@ -101,7 +101,7 @@ def _finite_range_scale(mn: torch.Tensor, mx: torch.Tensor, n: float) -> torch.T
     """``(mx - mn) / n``, or ``mx / n - mn / n`` where ``mx - mn`` overflows the dtype."""
     scale = (mx - mn) / n
     over = torch.isinf(scale)
-    if bool(over.any()):
+    if torch.compiler.is_compiling() or bool(over.any()):  # traced: no branch on values, the same results
         scale = torch.where(over, mx / n - mn / n, scale)
     return scale
 
@@ -307,8 +307,10 @@ def fake_quantize_float_zero_point(x: torch.Tensor, layout: BlockLayout, scale: 
     return dequantize_float_zero_point(q, layout, scale, zero_point, qmin, qmax, x.dtype), mask
 
 
-def to_codes(q: torch.Tensor, dtype: torch.dtype, qmin: int, qmax: int) -> torch.Tensor:
-    """Cast clamped float codes to the integer ``dtype``; NaN raises ``ValueError``.
+def to_codes(q: torch.Tensor, dtype: torch.dtype, qmin: int, qmax: int, *, check_nan: bool = True) -> torch.Tensor:
+    """Cast clamped float codes to the integer ``dtype``; NaN raises ``ValueError`` (unless ``check_nan`` is
+    False: for callers whose scale carries a NaN input's NaN to their result, in traced code that cannot branch
+    on values).
 
     A NaN code comes from a NaN input or from ``0 * inf`` (zero input, zero
     scale); an integer cannot hold it and torchao writes an arbitrary code.
@@ -319,7 +321,7 @@ def to_codes(q: torch.Tensor, dtype: torch.dtype, qmin: int, qmax: int) -> torch
     >>> to_codes(torch.tensor([3.0, 2147483648.0]), torch.int32, -2**31, 2**31 - 1).tolist()
     [3, 2147483647]
     """
-    nan = torch.isnan(q) if q.is_floating_point() else None
+    nan = torch.isnan(q) if q.is_floating_point() and check_nan else None
     if nan is not None and bool(nan.any()):
         n_nan = int(nan.sum())
         raise ValueError(
