@@ -37,7 +37,7 @@ __all__ = ["ops", "status", "isa", "cpu_isa", "force_isa", "ISA_NAMES"]
 
 _SOURCES = tuple(pathlib.Path(__file__).with_name("csrc") / name for name in ("int_linear.cpp", "decode_attention.cpp"))
 _CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 ISA_NAMES = ("portable", "avx2", "avx512", "avx512_bf16")
 
 _lock = threading.Lock()
