@@ -589,3 +589,27 @@ def test_tensor_flatten_round_trip():
         b = AffineQuantizedTensor.__tensor_unflatten__(inner, meta, a.shape, a.stride())
         assert type(b) is AffineQuantizedTensor and b.shape == a.shape
         assert torch.equal(b.dequantize(), a.dequantize())
+
+
+# ------------------------------------------------------------------ what torch.compile reads
+@pytest.mark.parametrize("layout", ["int4_cpu", "plain_int8"])
+def test_inner_tensors_are_the_storage_s_own_after_copies_and_pickles(layout):
+    """__tensor_flatten__'s inner tensors are plain attributes (torch.compile's guards read them at every call),
+    the very tensors of the storage: after deepcopy (no second copy of the weights) and after torch.save/load
+    (where they are not saved twice)."""
+    import copy
+    import io
+
+    from quanta.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    lin = torch.nn.Linear(64, 32)
+    quantize_(lin, Int4WeightOnlyConfig(group_size=32) if layout == "int4_cpu" else Int8WeightOnlyConfig())
+    buf = io.BytesIO()
+    torch.save(lin.weight, buf)
+    buf.seek(0)
+    for w in (lin.weight, copy.deepcopy(lin).weight, torch.load(buf, weights_only=True)):
+        names, _ = w.__tensor_flatten__()
+        assert names and all(n in w.__dict__ for n in names)
+        assert all(w.__dict__[n] is getattr(w.tensor_impl, n[len("_impl_"):]) for n in names)
+        assert torch.equal(w.dequantize(), lin.weight.dequantize())
+    assert not any(k.startswith("_impl_") for k in lin.weight.__getstate__())

@@ -196,6 +196,14 @@ class AffineQuantizedTensor(torch.Tensor):
         self.quant_min = quant_min
         self.quant_max = quant_max
         self.zero_point_domain = zero_point_domain
+        self._expose_inner_tensors()
+
+    def _expose_inner_tensors(self) -> None:
+        # The storage's tensors under the names __tensor_flatten__ gives them ("_impl_<field>"), as plain
+        # attributes: torch.compile's guards read them, and probe absent attributes, on every quantized weight at
+        # every call of a compiled model; a Python __getattr__ would run for each of those reads.
+        for k, v in self.tensor_impl.tensors().items():
+            self.__dict__[f"_impl_{k}"] = v
 
     # -- torch.compile / tensor subclass protocol -------------------------------------------
     def _stable_hash_for_caching(self) -> str:
@@ -217,8 +225,12 @@ class AffineQuantizedTensor(torch.Tensor):
         return list(names), flat[1]
 
     def __getstate__(self) -> dict:
-        # pickling (torch.save) keeps the fields, not the cache above
-        return {k: v for k, v in self.__dict__.items() if k != "_flatten"}
+        # pickling (torch.save) keeps the fields, not what is derived from them
+        return {k: v for k, v in self.__dict__.items() if k != "_flatten" and not k.startswith("_impl_")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._expose_inner_tensors()
 
     @classmethod
     def __tensor_unflatten__(cls, inner, meta, outer_size, outer_stride):
@@ -227,12 +239,6 @@ class AffineQuantizedTensor(torch.Tensor):
         impl.__dict__.update(dict(state))
         impl.__dict__.update({k: inner.get(f"_impl_{k}") for k in impl_cls.tensor_names})
         return cls(impl, block_size, shape if outer_size is None else outer_size, qmin, qmax, domain, dtype=dtype)
-
-    def __getattr__(self, name: str):
-        # inner tensors for __tensor_flatten__: "_impl_<field>"
-        if name.startswith("_impl_"):
-            return getattr(self.tensor_impl, name[len("_impl_"):])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

@@ -14,6 +14,7 @@ matmuls can dequantize a weight tile by tile instead of whole.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Callable, ClassVar, Optional
 
@@ -122,6 +123,15 @@ class AQTTensorImpl:
     def __getstate__(self) -> dict[str, object]:
         tensors, state = self.portable()
         return {**state, "__tensors__": tensors}
+
+    def __deepcopy__(self, memo: dict) -> "AQTTensorImpl":
+        # In the process, copy the fields as they are (not through the portable form pickling uses), so that a
+        # tensor also referenced elsewhere in the same copy (the quantized tensor exposes its storage's tensors
+        # to torch.compile) stays one tensor.
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
 
     def __setstate__(self, state: dict[str, object]) -> None:
         state = dict(state)
