@@ -622,20 +622,17 @@ def int8_dynamic_activation_linear(x: torch.Tensor, weight_t: torch.Tensor, weig
                          "take it from prepare_int8_dynamic")
     x = _check_x(x, k)
     bias = _check_bias(bias, n)
+    w = wt.t()  # the contiguous [N, K] codes
+    if _native.ops() is not None:
+        cs = weight_col_sums if weight_col_sums is not None else _col_sums(w)
+        return int8_dynamic_activation_linear_prepared(x, w, s_w.contiguous(), cs.contiguous(), bias,
+                                                       act_symmetric=act_symmetric)
     out_shape = (*x.shape[:-1], n)
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return x.new_empty(out_shape)
     q, s_x, z_x = quantize_per_token_int8(x2, symmetric=act_symmetric)
-    w = wt.t()  # the contiguous [N, K] codes
-    lib = _native.ops()
-    if lib is None:
-        y = _ref.int8_dynamic_reference(q, z_x, s_x, w, s_w, weight_col_sums, bias, x.dtype)
-    else:
-        cs = weight_col_sums if weight_col_sums is not None else _col_sums(w)
-        y = lib.int8_dynamic_linear(q, z_x, s_x.to(torch.float32).contiguous(), w, s_w.contiguous(), cs.contiguous(),
-                                    _bias32(bias), x.dtype)
-    return y.reshape(out_shape)
+    return _ref.int8_dynamic_reference(q, z_x, s_x, w, s_w, weight_col_sums, bias, x.dtype).reshape(out_shape)
 
 
 def int8_dynamic_activation_linear_prepared(x: torch.Tensor, weight_int8: torch.Tensor, weight_scale: torch.Tensor,
