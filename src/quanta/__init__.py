@@ -4,13 +4,14 @@ One numerics core under three familiar APIs: AIMET's quantizers and quantized
 tensors (``import quanta.quantization as Q``), torchao's primitives, real
 quantized storage and ``quantize_`` (``quanta.quantization.quant_primitives``,
 ``quanta.dtypes``, ``quanta.quantization.quantize_``) and TensorRT's
-``pytorch_quantization.tensor_quant`` (``quanta.tensor_quant``); see README.md.
+``pytorch_quantization.tensor_quant`` (``quanta.tensor_quant``); see the documentation site built from ``docs/``.
 """
 
 from quanta.encodings.affine import AffineEncoding
 from quanta.grids.affine import IntegerGrid
 from quanta.tensors.quantized import DequantizedTensor, QuantizedTensor, QuantizedTensorBase
 
+#: The installed quanta version (PEP 440).
 __version__ = "0.1.0"
 
 __all__ = [

@@ -9,7 +9,7 @@ float32 bytes (zlib, base64) and the ``param_encodings`` of the file AIMET write
 are rebuilt by :func:`build` and :data:`CONFIGS` (plain torch, the same seeds in both venvs); torch's generator
 is seeded with the case's seed right before ``apply_adaround`` (AdaRound draws its samples from it). The weight
 ranges are min-max (``post_training_tf``): quanta's SQNR search bins histograms differently from AIMET's (see
-docs/calibration.md), so its TF-enhanced ranges are not AIMET's bit for bit.
+docs/guides/calibrate.md), so its TF-enhanced ranges are not AIMET's bit for bit.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
   rounding of each other (a near-tie) may fall either way.
 * Raw data in: the libraries bin differently (AIMET: ``num_bins`` bins spanning
   ``[min, max]`` exactly, proportional re-binning; quanta: power-of-two bins
-  anchored at zero, exact re-binning — see docs/calibration.md), so the
+  anchored at zero, exact re-binning — see docs/guides/calibrate.md), so the
   encodings agree exactly where they depend on min/max only, and otherwise to
   within a few of AIMET's bin widths, with the same QDQ quality.
 """

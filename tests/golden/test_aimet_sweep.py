@@ -144,7 +144,7 @@ def test_minmax_calibration_bit_for_bit(case):
 
 @pytest.mark.parametrize("case", GOLDEN["special_calibration"], ids=ids(GOLDEN["special_calibration"]))
 def test_calibration_with_nan_or_inf(case):
-    """Departure (docs/calibration.md): quanta leaves NaN/inf out of the statistics, with a warning.
+    """Departure (docs/guides/calibrate.md): quanta leaves NaN/inf out of the statistics, with a warning.
 
     AIMET lets them in (an inf end becomes the float32 limit, a NaN range poisons the
     encoding). Every scale entry that never saw one is AIMET's bit for bit; the others

@@ -2,7 +2,7 @@
 
 At 4 bits the range that minimises the error clips the tails hard, so the
 percentile, SQNR and MSE analyzers must beat MinMax there, per tensor and per
-channel. (docs/calibration.md has the full table; bench/bench_calibration.py prints it.)
+channel. (docs/guides/calibrate.md has the full table; bench/bench_calibration.py prints it.)
 """
 
 import pytest

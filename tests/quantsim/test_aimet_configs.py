@@ -14,7 +14,7 @@ names the module it makes for the same op ``<op>``, counting the same ops in the
 the mapped names are exactly quanta's quantized modules that hold a quantizer); every other module keeps its own
 name in both.
 
-Two departures are kept, each asserted here as it is (docs/quantsim_config.md gives the measurements):
+Two departures are kept, each asserted here as it is (docs/guides/quantsim-config.md gives the measurements):
 
 * eNPU files (symmetric activations) fix Sigmoid and Softmax outputs to [0, 1]: on a symmetric grid AIMET's range
   becomes [-0.502, 0.498] and clips every output above one half; quanta gives the symmetric range that covers

@@ -913,17 +913,17 @@ def test_op_types_of_feeds_the_config():
 
 
 def test_docs_example_loads():
-    # docs/quantsim_config.md's complete example must stay valid
-    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantsim_config.md"
+    # docs/guides/quantsim-config.md's complete example must stay valid
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "quantsim-config.md"
     text = docs.read_text()
     block = re.search(r"<!-- example -->\s*```json\n(.*?)```", text, re.S)
-    assert block is not None, "docs/quantsim_config.md lost its marked example"
+    assert block is not None, "docs/guides/quantsim-config.md lost its marked example"
     cfg = QuantSimConfig.load(json.loads(block.group(1)))
     assert cfg.param_spec("head", GEMM, "weight").block_size == 32
 
 
 def test_docs_builtin_default_is_the_builtin_default():
-    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantsim_config.md"
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "quantsim-config.md"
     block = re.search(r"## The built-in default.*?```json\n(.*?)```", docs.read_text(), re.S)
-    assert block is not None, "docs/quantsim_config.md lost its built-in default"
+    assert block is not None, "docs/guides/quantsim-config.md lost its built-in default"
     assert QuantSimConfig.load(json.loads(block.group(1))) == QuantSimConfig.load()

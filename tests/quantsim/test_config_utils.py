@@ -190,7 +190,7 @@ def test_docs_lpbq_example_loads():
 
     from quanta.quantsim import QuantSimConfig
 
-    docs = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantsim_config.md").read_text()
+    docs = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "quantsim-config.md").read_text()
     (block,) = [b for b in re.findall(r"```json\n(.*?)\n```", docs, re.S) if "decompressed_bw" in b]
     spec = QuantSimConfig.load(json.loads(block)).param_spec("fc", ("Linear", "Gemm"), "weight")
     assert (spec.bitwidth, spec.block_size, spec.decompressed_bw, spec.block_grouping) == (4, 64, 8, -1)

@@ -3,7 +3,7 @@
 An analyzer folds batches into running statistics of a quantizer's ``shape``
 (``update_stats``) and turns them into a range (``compute_encodings``); see
 :mod:`quanta.quantization.encoding_analyzer` (AIMET's import path for these
-classes) for the list and docs/calibration.md for a comparison. They sit below
+classes) for the list and docs/guides/calibrate.md for a comparison. They sit below
 both dialects' quantizers: AIMET's quantizers (:mod:`quanta.quantization`) and
 the TensorRT dialect's :class:`~quanta.tensor_quant.calib.AnalyzerCalibrator`
 use them without importing each other.

@@ -146,7 +146,7 @@ class HistogramEncodingAnalyzer(EncodingAnalyzer[Histograms]):
 
 
 class PercentileEncodingAnalyzer(HistogramEncodingAnalyzer):
-    r"""Percentile calibration: clip the ``(100 - p)``% largest and smallest values (AIMET's rule).
+    r"""Percentile calibration: clip the ``(100 - p)`` percent largest and smallest values (AIMET's rule).
 
     Per histogram, ``max`` is the lower edge of the first bin whose cumulative
     count reaches ``p``% of the total, ``min`` the lower edge of the first bin

@@ -208,7 +208,7 @@ class EntropyEncodingAnalyzer(_RangeSearchAnalyzer):
 
     KL measures how well the *shape* of the distribution survives, not the
     error: on heavy-tailed data it often clips more than MSE would (see
-    docs/calibration.md).
+    docs/guides/calibrate.md).
 
     Args:
         shape: shape of the statistics (the quantizer's ``shape``).

@@ -148,12 +148,13 @@ def _storage_block(block_size: tuple[int, ...], transposed: bool) -> tuple[int, 
 class AffineQuantizedTensor(torch.Tensor):
     """A float tensor stored as affine-quantized codes (torchao's ``AffineQuantizedTensor``).
 
-    Fields (as seed 003):
+    Attributes:
         tensor_impl: the storage (:class:`~quanta.dtypes.tensor_impl.AQTTensorImpl`): codes in a
             layout, scale and zero point with one entry per block along every dimension.
         block_size: elements sharing one scale, one entry per dimension.
         shape: shape of the high-precision tensor.
-        quant_min, quant_max: code range (for integer codes; derived from the code dtype when None).
+        quant_min: smallest code (for integer codes; derived from the code dtype when None).
+        quant_max: largest code (likewise).
         zero_point_domain: ``ZeroPointDomain.INT`` (``(q - zp) * s``), ``FLOAT`` (``(q - mid) * s + zp``,
             tinygemm) or ``NONE`` (``q * s``).
         dtype: dtype of the high-precision tensor (what ``dequantize()`` returns).

@@ -665,7 +665,8 @@ def encodings_to_dict(
     """The JSON document of an encodings file of ``version``.
 
     Args:
-        activations / params: tensor name → encoding.
+        activations: tensor name → encoding of each activation.
+        params: tensor name → encoding of each parameter.
         version: file version.
         excluded_layers, quantizer_args: written as given (0.6.1 and 1.0.0 only;
             versions 2.0.0 and 2.1.0 have neither, so giving them is an error).

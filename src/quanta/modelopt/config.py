@@ -250,17 +250,29 @@ def _mx(num_bits: NumBits) -> dict:
 _NVFP4 = {"num_bits": (2, 1), "effective_bits": 4.5, "block_sizes": {-1: 16, "type": "dynamic",
                                                                      "scale_bits": (4, 3)}}
 
+#: W8A8: int8 weights per output channel, int8 activations per tensor, max calibration.
 INT8_DEFAULT_CFG = _config(_INT8_W, _INT8_A, "max")
+#: int8 weights per output channel, activations in float, max calibration.
 INT8_WEIGHT_ONLY_CFG = _config(_INT8_W, None, "max")
+#: W8A8 with SmoothQuant: per-channel smoothing factors moved from activations into weights before max calibration.
 INT8_SMOOTHQUANT_CFG = _config(_INT8_W, _INT8_A, "smoothquant")
+#: FP8 e4m3 weights and activations, one scale per tensor, max calibration.
 FP8_DEFAULT_CFG = _config(_FP8, _FP8, "max")
+#: int4 weights in blocks of 128 along the input dimension, activations in float, max calibration.
 INT4_BLOCKWISE_WEIGHT_ONLY_CFG = _config(_INT4_BLOCK, None, "max")
+#: int4 weights in blocks of 128 with AWQ-lite scale search (alpha step 0.1), activations in float.
 INT4_AWQ_CFG = _config(_INT4_BLOCK, None, {"method": "awq_lite", "alpha_step": 0.1})
+#: int4 blocks of 128 then FP8 on weights, FP8 activations, AWQ-lite.
 W4A8_AWQ_BETA_CFG = _config([_INT4_BLOCK, _FP8], _FP8, "awq_lite")
+#: MXFP8: e4m3 elements in blocks of 32 with an e8m0 (power of two) scale, weights and activations.
 MXFP8_DEFAULT_CFG = _config(_mx((4, 3)), _mx((4, 3)), None)
+#: MXFP4: e2m1 elements in blocks of 32 with an e8m0 scale, weights and activations.
 MXFP4_DEFAULT_CFG = _config(_mx((2, 1)), _mx((2, 1)), None)
+#: MXINT8: int8 elements in blocks of 32 with an e8m0 scale, weights and activations.
 MXINT8_DEFAULT_CFG = _config(_mx(8), _mx(8), None)
+#: NVFP4: e2m1 elements in blocks of 16 with an e4m3 scale, weights and activations.
 NVFP4_DEFAULT_CFG = _config(_NVFP4, _NVFP4, "max")
+#: NVFP4 weights, activations in float.
 W4A16_NVFP4_CFG = _config(_NVFP4, None, "max")
 
 #: every named config, by name

@@ -39,11 +39,12 @@ from quanta._progress import make_bar
 
 __all__ = ["DEFAULT_NUM_BATCHES", "Handle", "reestimate_bn_stats"]
 
+#: Batches of the data loader that :func:`reestimate_bn_stats` reads when ``num_batches`` is not given.
 DEFAULT_NUM_BATCHES = 100
 
 
 class Handle:
-    """Undoes what a call did, once: :meth:`remove` (AIMET's ``Handle``); also a context manager.
+    """Undoes what a call did, once: :meth:`Handle.remove` (AIMET's ``Handle``); also a context manager.
 
     >>> undone = []
     >>> with Handle(lambda: undone.append(True)):

@@ -3,7 +3,7 @@
 The format is AIMET's quantsim config file, read as AIMET writes it (booleans
 may be JSON booleans or the strings ``"True"``/``"False"``), plus quanta's
 keys ``bitwidth``, ``dtype``, ``block_size`` and ``module_name``. The full
-reference, with a complete example, is ``docs/quantsim_config.md``.
+reference, with a complete example, is ``docs/guides/quantsim-config.md``.
 
 Precedence, lowest first (a later level overrides an earlier one, key by key):
 
@@ -914,7 +914,7 @@ class QuantSimConfig:
 
 # -- the built-in default ----------------------------------------------------------------------------
 #: What ``QuantSimConfig.load()`` returns, in the file format: AIMET's ``default_config.json``, with the
-#: departures measured in docs/quantsim_config.md (per-channel weights; 16-bit norm outputs; the residual
+#: departures measured in docs/guides/quantsim-config.md (per-channel weights; 16-bit norm outputs; the residual
 #: stream, the adds and the Linears feeding them, in float).
 BUILTIN_DEFAULT: Mapping[str, Any] = {
     "defaults": {
@@ -933,7 +933,7 @@ BUILTIN_DEFAULT: Mapping[str, Any] = {
         "BatchNormalization": {"per_channel_quantization": False},
         # A transformer's LayerNorm/RMSNorm outputs carry its outlier channels (post-LN BERT: the residual
         # stream itself); 8 bits there cost real models most of their accuracy (all-MiniLM-L6-v2 sentence
-        # embeddings: mean cosine 0.987 -> 0.995 with them at 16 bits; docs/real_weights.md).
+        # embeddings: mean cosine 0.987 -> 0.995 with them at 16 bits; docs/real-weights.md).
         "LayerNormalization": {"per_channel_quantization": False, "bitwidth": 16},
         "GroupNormalization": {"per_channel_quantization": False},
         "RMSNormalization": {"per_channel_quantization": False, "bitwidth": 16},

@@ -313,7 +313,7 @@ def is_aten_passthrough(target: Any) -> bool:
 
 
 class CaptureMethod(enum.Enum):
-    """How a model was captured (see :func:`quanta.quantsim.capture.capture`)."""
+    """How a model was captured (see :mod:`quanta.quantsim.capture`)."""
 
     EXPORT = "export"  # torch.export
     FX = "fx"  # torch.fx symbolic tracing

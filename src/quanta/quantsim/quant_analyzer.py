@@ -87,7 +87,7 @@ Range = tuple[float, float]
 
 @dataclass
 class QuantAnalysis:
-    """What :meth:`QuantAnalyzer.analyze` measured (also written to :attr:`results_dir`).
+    """What :meth:`QuantAnalyzer.analyze` measured (also written to ``results_dir``).
 
     Scores are the evaluation callback's. ``weight_ranges`` maps ``<layer>_<param>`` to ``(min, max)``, or for
     per-channel / per-block weights to ``{<layer>_<param>_<i>: (min, max)}``; ``activation_ranges`` maps

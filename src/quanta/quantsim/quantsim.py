@@ -69,8 +69,8 @@ class QuantizationSimModel:
             or range_learning_min_max when ``quant_scheme`` learns ranges, as in
             AIMET — a weight's range is known exactly, clipping it rarely helps).
         rounding_mode: AIMET's deprecated argument; only None or ``"nearest"``.
-        default_output_bw / default_param_bw: bitwidths of activation / parameter
-            quantizers where the config does not set one.
+        default_output_bw: bitwidth of activation quantizers where the config does not set one.
+        default_param_bw: bitwidth of parameter quantizers where the config does not set one.
         in_place: if True, no copy of the model is made: ``sim.model`` shares its
             parameters with ``model`` (QAT and ``fold_param_quantizers`` change
             them); if ``model`` could not be traced its leaf modules are replaced
@@ -81,13 +81,13 @@ class QuantizationSimModel:
             per tensor except the outputs of elementwise adds (the residual
             stream stays in float; :data:`~quanta.quantsim.INTEGER_ONLY` quantizes
             them too), bias and BatchNorm parameters off, supergroups
-            Conv/Linear/Add + ReLU and Conv + BatchNorm (see docs/quantsim_config.md).
+            Conv/Linear/Add + ReLU and Conv + BatchNorm (see docs/guides/quantsim-config.md).
         default_data_type: ``int`` (integer grids) or ``float`` (16 bits: float16;
             8 bits: float8 e4m3fn).
         param_quant_scheme: scheme for parameter quantizers (keyword only; see ``quant_scheme``).
         trace: set False to skip torch.fx tracing (functional ops then stay in float).
 
-    After construction, :attr:`model` is the quantized model. Leaf modules with
+    After construction, ``model`` is the quantized model. Leaf modules with
     no quantized counterpart (``quanta.nn.register`` adds one) are kept in float
     and listed in :attr:`unquantized_modules`, functional ops without one in
     :attr:`float_ops`; a UserWarning names them.
@@ -177,7 +177,7 @@ class QuantizationSimModel:
             )
 
     def quantized_modules(self) -> Iterator[tuple[str, QuantizationMixin]]:
-        """``(name, module)`` for every quantized module of :attr:`model` (not those inside another one, such as
+        """``(name, module)`` for every quantized module of ``model`` (not those inside another one, such as
         ``QuantizedMultiheadAttention.out_proj``, which their parent configures)."""
         return construction.quantized_modules(self.model)
 
@@ -220,11 +220,11 @@ class QuantizationSimModel:
             yield p
 
     def exclude_layers_from_quantization(self, layers_to_exclude: Iterable[nn.Module]) -> None:
-        """Run these modules of :attr:`model` (and the quantized modules inside them) in float:
+        """Run these modules of ``model`` (and the quantized modules inside them) in float:
         all their quantizers are removed (AIMET's method).
 
         Raises TypeError for something that is not a module, ValueError for a module that is not
-        part of :attr:`model` (e.g. one of the original model, which the sim copied).
+        part of ``model`` (e.g. one of the original model, which the sim copied).
         """
         if isinstance(layers_to_exclude, nn.Module):
             layers_to_exclude = [layers_to_exclude]
@@ -340,7 +340,7 @@ class QuantizationSimModel:
 
         The model runs in eval mode under ``torch.no_grad()`` (its mode is restored).
         ``progress`` shows a bar (tqdm, else rich, when installed) advancing once per
-        forward call of :attr:`model`; ``total`` is its length (default: ``len(batches)``
+        forward call of ``model``; ``total`` is its length (default: ``len(batches)``
         when known). Quantizers that saw no input keep their encoding and are named
         in one RuntimeWarning. Under ``torch.distributed``, statistics are reduced
         across ranks, so every rank gets the same encodings.

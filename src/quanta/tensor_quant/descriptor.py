@@ -231,12 +231,21 @@ def _yaml():
 
 QuantDescriptor = ScaledQuantDescriptor
 
+#: 8-bit signed, one amax for the whole tensor (activations).
 QUANT_DESC_8BIT_PER_TENSOR = QuantDescriptor(num_bits=8)
+#: 8-bit unsigned, one amax for the whole tensor (non-negative activations).
 QUANT_DESC_UNSIGNED_8BIT_PER_TENSOR = QuantDescriptor(num_bits=8, unsigned=True)
+#: 8-bit signed, one amax per output channel (axis 0) of a Conv1d weight.
 QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+#: 8-bit signed, one amax per output channel (axis 0) of a Conv2d weight.
 QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+#: 8-bit signed, one amax per output channel (axis 0) of a Conv3d weight.
 QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+#: 8-bit signed, one amax per row (output feature, axis 0) of a Linear weight.
 QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW = QuantDescriptor(num_bits=8, axis=0)
+#: 8-bit signed, one amax per slice of axis 0 of a ConvTranspose1d weight (pytorch_quantization's choice, kept).
 QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+#: 8-bit signed, one amax per slice of axis 0 of a ConvTranspose2d weight (pytorch_quantization's choice, kept).
 QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+#: 8-bit signed, one amax per slice of axis 0 of a ConvTranspose3d weight (pytorch_quantization's choice, kept).
 QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)

@@ -7,7 +7,7 @@ Observing and computing are separate steps, as in PyTorch's observers:
 scale element (per tensor, per channel or per block, with ``block_size``).
 
 * :class:`MinMaxEncodingAnalyzer` — running min and max;
-* :class:`PercentileEncodingAnalyzer` — clip the outer ``(100 - p)``%;
+* :class:`PercentileEncodingAnalyzer` — clip the outer ``(100 - p)`` percent;
 * :class:`SqnrEncodingAnalyzer` — AIMET's SQNR search over deltas and offsets;
 * :class:`MseEncodingAnalyzer` — least expected squared error over clipped ranges;
 * :class:`EntropyEncodingAnalyzer` — least KL divergence over clipped ranges.
@@ -16,7 +16,7 @@ The last four keep a histogram per scale entry (:class:`HistogramEncodingAnalyze
 streaming with bounded memory and exactly mergeable across batches and
 processes. Under ``torch.distributed``, ``compute_encodings()`` reduces the
 statistics over all ranks (:mod:`quanta.distributed`). A quantizer takes one
-with ``encoding_analyzer=``; docs/calibration.md compares them.
+with ``encoding_analyzer=``; docs/guides/calibrate.md compares them.
 
 >>> analyzer = MinMaxEncodingAnalyzer(shape=())
 >>> _ = analyzer.update_stats(torch.tensor([-1.0, 2.0]))

@@ -1,0 +1,93 @@
+"""The code of a documentation page, run as a reader would paste it.
+
+A page's ```` ```python ```` blocks run in order in one namespace (each page on its own, so every page
+starts from its imports). A block followed directly by a ```` ```text ```` block printed that text: the
+run checks it, so the page shows what the code prints. Figures a page shows (``_figures/<name>.png``) are
+files its code writes into the working directory, under the same name.
+
+Used by the docs build (``page_figures``: the figures come from this run) and by ``tests/docs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import pathlib
+import re
+
+_FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,})(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
+                    re.MULTILINE | re.DOTALL)
+FIGURE = re.compile(r"_figures/(?P<name>[\w.-]+\.png)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One ```` ```python ```` block of a page and the output the page shows for it (None: not shown)."""
+
+    line: int
+    code: str
+    expected: str | None
+
+
+def python_blocks(text: str) -> list[Block]:
+    """The page's Python blocks, each with the ```` ```text ```` block that follows it directly, if any."""
+    fences = list(_FENCE.finditer(text))
+    blocks = []
+    for i, m in enumerate(fences):
+        if m.group("info").strip() != "python":
+            continue
+        expected = None
+        if i + 1 < len(fences):
+            nxt = fences[i + 1]
+            if nxt.group("info").strip() == "text" and not text[m.end():nxt.start()].strip():
+                expected = nxt.group("body")
+        blocks.append(Block(text.count("\n", 0, m.start()) + 2, m.group("body"), expected))
+    return blocks
+
+
+def figures(text: str) -> list[str]:
+    """The file names of the figures a page shows."""
+    return sorted({m.group("name") for m in FIGURE.finditer(text)})
+
+
+class OutputMismatch(AssertionError):
+    """A block printed something other than what its page shows."""
+
+
+def _normalise(out: str) -> str:
+    return "\n".join(line.rstrip() for line in out.strip("\n").splitlines())
+
+
+def run_page(page: pathlib.Path, workdir: pathlib.Path, *, check: bool = True) -> list[tuple[Block, str]]:
+    """Run every Python block of ``page`` in ``workdir``; (block, what it printed) in order.
+
+    ``check=False`` runs without comparing outputs (to write a page's output blocks).
+
+    Raises:
+        OutputMismatch: a block printed something other than the ```` ```text ```` block after it.
+        Exception: whatever a block raised, with the page and line added to the message.
+    """
+    page = pathlib.Path(page).resolve()
+    namespace: dict = {"__name__": f"docs.{page.stem}"}
+    results = []
+    previous = pathlib.Path.cwd()
+    os.chdir(workdir)
+    try:
+        for block in python_blocks(page.read_text(encoding="utf-8")):
+            buf = io.StringIO()
+            where = f"{page.name}:{block.line}"
+            with contextlib.redirect_stdout(buf):
+                try:
+                    exec(compile(block.code, where, "exec"), namespace)  # noqa: S102  (our own pages)
+                except Exception as e:
+                    e.add_note(f"in the Python block at {where}")
+                    raise
+            out = buf.getvalue()
+            if check and block.expected is not None and _normalise(out) != _normalise(block.expected):
+                raise OutputMismatch(f"{where} printed\n{out}\nbut the page shows\n{block.expected}")
+            results.append((block, out))
+    finally:
+        os.chdir(previous)
+    return results
