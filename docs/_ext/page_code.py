@@ -2,7 +2,9 @@
 
 A page's ```` ```python ```` blocks run in order in one namespace (each page on its own, so every page
 starts from its imports). A block followed directly by a ```` ```text ```` block printed that text: the
-run checks it, so the page shows what the code prints. Figures a page shows (``_figures/<name>.png``) are
+run checks it, so the page shows what the code prints. ```` ```console ```` blocks hold ``$ quanta ...``
+command lines, run in the same order and directory (through :func:`quanta.cli.main`, in process); the lines
+after a command up to the next ``$`` are what it prints, checked the same way (none: not checked). Figures a page shows (``_figures/<name>.png``) are
 files its code writes into the working directory, under the same name.
 
 Used by the docs build (``page_figures``: the figures come from this run) and by ``tests/docs``.
@@ -16,6 +18,7 @@ import io
 import os
 import pathlib
 import re
+import shlex
 
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,})(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
                     re.MULTILINE | re.DOTALL)
@@ -24,18 +27,23 @@ FIGURE = re.compile(r"_figures/(?P<name>[\w.-]+\.png)")
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """One ```` ```python ```` block of a page and the output the page shows for it (None: not shown)."""
+    """One ```` ```python ```` block (or one ``$ quanta`` command) of a page and the output the page shows
+    for it (None: not shown)."""
 
     line: int
     code: str
     expected: str | None
+    command: bool = False
 
 
-def python_blocks(text: str) -> list[Block]:
+def code_blocks(text: str) -> list[Block]:
     """The page's Python blocks, each with the ```` ```text ```` block that follows it directly, if any."""
     fences = list(_FENCE.finditer(text))
     blocks = []
     for i, m in enumerate(fences):
+        if m.group("info").strip() == "console":
+            blocks += _commands(m.group("body"), text.count("\n", 0, m.start()) + 2)
+            continue
         if m.group("info").strip() != "python":
             continue
         expected = None
@@ -45,6 +53,29 @@ def python_blocks(text: str) -> list[Block]:
                 expected = nxt.group("body")
         blocks.append(Block(text.count("\n", 0, m.start()) + 2, m.group("body"), expected))
     return blocks
+
+
+def _commands(body: str, first_line: int) -> list[Block]:
+    blocks: list[Block] = []
+    for offset, line in enumerate(body.splitlines()):
+        if line.startswith("$ "):
+            command = line[2:].strip()
+            if not command.startswith("quanta "):
+                raise ValueError(f"line {first_line + offset}: a console block runs only `quanta` commands, "
+                                 f"got {command!r}")
+            blocks.append(Block(first_line + offset, command, None, command=True))
+        elif blocks:
+            last = blocks[-1]
+            blocks[-1] = dataclasses.replace(last, expected=(last.expected or "") + line + "\n")
+    return blocks
+
+
+def _run_command(command: str) -> None:
+    from quanta.cli import main
+
+    status = main(shlex.split(command)[1:])
+    if status:
+        raise RuntimeError(f"`{command}` exited with status {status}")
 
 
 def figures(text: str) -> list[str]:
@@ -75,12 +106,15 @@ def run_page(page: pathlib.Path, workdir: pathlib.Path, *, check: bool = True) -
     previous = pathlib.Path.cwd()
     os.chdir(workdir)
     try:
-        for block in python_blocks(page.read_text(encoding="utf-8")):
+        for block in code_blocks(page.read_text(encoding="utf-8")):
             buf = io.StringIO()
             where = f"{page.name}:{block.line}"
             with contextlib.redirect_stdout(buf):
                 try:
-                    exec(compile(block.code, where, "exec"), namespace)  # noqa: S102  (our own pages)
+                    if block.command:
+                        _run_command(block.code)
+                    else:
+                        exec(compile(block.code, where, "exec"), namespace)  # noqa: S102  (our own pages)
                 except Exception as e:
                     e.add_note(f"in the Python block at {where}")
                     raise

@@ -25,6 +25,7 @@ import typing
 from docutils import nodes
 from docutils.statemachine import StringList
 from sphinx.application import Sphinx
+from sphinx.domains.python import PythonDomain
 from sphinx.pycode import ModuleAnalyzer
 from sphinx.util.docutils import SphinxDirective
 
@@ -275,7 +276,21 @@ def _napoleon_only_for_callables(app: Sphinx) -> None:
             app.connect("autodoc-process-docstring", process, priority=listener.priority)
 
 
+class _PythonDomain(PythonDomain):
+    """Python's domain, except that a builtin type in an annotation (``float``) is never matched by its
+    fuzzy search to a quanta object that ends with the same name (the ``quanta.quantization.float`` module)."""
+
+    def resolve_xref(self, env, fromdocname, builder, typ, target, node, contnode):  # noqa: ANN001,ANN201
+        if typ in ("class", "obj") and target in _BUILTIN_NAMES:
+            return None  # -> _missing_reference: set as text
+        return super().resolve_xref(env, fromdocname, builder, typ, target, node, contnode)
+
+
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
 def setup(app: Sphinx) -> dict:
+    app.add_domain(_PythonDomain, override=True)
     app.setup_extension("sphinx.ext.napoleon")
     _napoleon_only_for_callables(app)
     app.add_directive("quanta-module", QuantaModule)

@@ -108,7 +108,7 @@ def test_the_site_has_the_pages_the_issue_names(site):
         assert (site / f"{page}.html").is_file(), page
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if page_code.python_blocks(p.read_text(encoding="utf-8"))],
+@pytest.mark.parametrize("page", [p for p in PAGES if page_code.code_blocks(p.read_text(encoding="utf-8"))],
                          ids=lambda p: str(p.relative_to(DOCS)))
 def test_page_code_runs_and_prints_what_the_page_shows(page, tmp_path):
     text = page.read_text(encoding="utf-8")

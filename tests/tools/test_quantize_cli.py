@@ -136,8 +136,10 @@ def _reference(files, batch: int) -> QuantizationSimModel:
 
 def test_state_dict_run_writes_every_file_and_a_summary(state_dict_run):
     out, r = state_dict_run
-    for name in ("model.onnx", "model.encodings", "quantsim.encodings.json", "model.safetensors"):
+    for name in ("model.onnx", "model.encodings", "model_torch.encodings", "quantsim.encodings.json",
+                 "model.safetensors"):
         assert (out / name).stat().st_size > 0, name
+        assert f"  {name} " in r.stdout, f"{name} missing from the list of files written"
     assert "quantized 3 layers: 2 Linear, 1 ReLU" in r.stdout
     assert "calibrated on 4 batches of shape (20, 8)" in r.stdout
     sqnr = float(r.stdout.split("first batch): ")[1].split()[0])

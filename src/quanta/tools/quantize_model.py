@@ -64,6 +64,7 @@ __all__ = [
 #: File names written into the output directory.
 ONNX_FILE = "model.onnx"
 ENCODINGS_FILE = "model.encodings"
+TORCH_ENCODINGS_FILE = "model_torch.encodings"  # AIMET's module-keyed file, written by sim.export beside the ONNX
 QUANTA_ENCODINGS_FILE = "quantsim.encodings.json"
 WEIGHTS_FILE = "model.safetensors"
 DEFAULT_BATCH_SIZE = 32
@@ -373,7 +374,7 @@ def quantize_model(model_path: str | os.PathLike, calib_path: str | os.PathLike,
                 sim.export(out, "model", dummy, encoding_version=version)
             except ImportError as e:
                 raise ImportError(f"{first_line(e)}; or pass --no-onnx to write only the encodings") from None
-            written += [ONNX_FILE, ENCODINGS_FILE]
+            written += [ONNX_FILE, ENCODINGS_FILE, TORCH_ENCODINGS_FILE]
         else:
             sim.save_encodings(out / ENCODINGS_FILE, version=version)
             written.append(ENCODINGS_FILE)
