@@ -144,7 +144,23 @@ def summary_line(modname: str, name: str) -> str:
     doc = _doc_of_data(modname, name) if _is_data(obj) else (inspect.getdoc(obj) or "")
     if inspect.ismodule(obj):
         doc = obj.__doc__ or ""
-    return doc.strip().split("\n\n")[0].replace("\n", " ").strip()
+    return first_sentence(doc.strip().split("\n\n")[0].replace("\n", " ").strip())
+
+
+def first_sentence(paragraph: str) -> str:
+    """Up to the first full stop that ends a sentence (outside ``literals``, not in "e.g." / "i.e.")."""
+    in_literal = False
+    i = 0
+    while i < len(paragraph):
+        if paragraph.startswith("``", i):
+            in_literal = not in_literal
+            i += 2
+            continue
+        if (not in_literal and paragraph[i] == "." and (i + 1 == len(paragraph) or paragraph[i + 1] == " ")
+                and not paragraph[max(0, i - 3):i + 1].endswith(("e.g.", "i.e.", "etc.", "vs."))):
+            return paragraph[:i + 1]
+        i += 1
+    return paragraph
 
 
 class QuantaModule(SphinxDirective):

@@ -211,8 +211,9 @@ def _error(name: str, key: str, message: str) -> ValueError:
 # ============================================================================ reading: the result
 @dataclass(frozen=True, eq=False)
 class LowPowerBlocks:
-    """The two-level scales of an LPBQ entry (AIMET's ``GroupedBlockQuantizeDequantize``, low-power blockwise
-    quantization): every block's scale is an integer times its channel's float scale,
+    """The two-level scales of an LPBQ entry (AIMET's ``GroupedBlockQuantizeDequantize``).
+
+    In low-power blockwise quantization every block's scale is an integer times its channel's float scale,
     ``scale[c, b] = int_scale[c, b] * channel_scale[c]`` (float32), with ``int_scale`` in
     ``[1, 2**(decompressed_bitwidth - bitwidth)]``; codes are ``bitwidth``-bit (the file's ``compressed_bw``,
     2.x's ``output_dtype``), the integer scales widen them to ``decompressed_bitwidth`` bits (``bw``).

@@ -115,7 +115,9 @@ class AMPSearchAlgo(enum.IntEnum):
 
 @dataclass(frozen=True)
 class QuantizerGroup:
-    """Quantizers that take one candidate together, named as AIMET names them: ``input_quantizers`` as
+    """Quantizers that take one candidate (bitwidth and data type) together.
+
+    Named as AIMET names them: ``input_quantizers`` as
     ``<module>_input_quantizer_idx_<i>``, ``output_quantizers`` and ``parameter_quantizers`` by module name
     (all of that module's output / parameter quantizers); ``supported_kernel_ops``: the modules it feeds."""
 
