@@ -110,3 +110,23 @@ def test_bad_input(bad, err, match):
     q, k, v = _case(1, 4, 2, 9, 16, torch.float32, seed=5)
     with pytest.raises(err, match=match):
         decode_attention(*bad(q, k, v))
+
+
+def test_buffers_kept_between_calls_hold_nothing_stale():
+    # The kernel keeps its scratch buffers between calls: a long call with NaN everywhere must leave nothing that a
+    # later, shorter call with odd sizes (padding along keys and head dimension) could pick up.
+    q, k, v = _case(1, 8, 2, 700, 48, torch.float32, seed=8)
+    decode_attention(q, k * float("nan"), v * float("nan"))
+    for s, d in ((37, 48), (5, 7), (130, 64)):
+        q, k, v = _case(1, 8, 2, s, d, torch.float32, seed=s + d)
+        got = decode_attention(q, k, v)
+        assert torch.isfinite(got).all()
+        assert float((got.double() - _exact(q, k, v)).abs().max()) <= 1e-5 * float(v.abs().max())
+
+
+def test_a_row_with_every_key_masked_gives_nan():
+    q, k, v = _case(2, 4, 2, 20, 16, torch.float32, seed=9)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1] = False
+    got = decode_attention(q, k, v, mask=mask)
+    assert torch.isfinite(got[0]).all() and torch.isnan(got[1]).all()

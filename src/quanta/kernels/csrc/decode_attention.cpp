@@ -3,13 +3,18 @@
 //
 // Built with csrc/int_linear.cpp into the same extension (quanta.kernels.int_linear_native), registered as
 // torch.ops.quanta_cpu.decode_attention. For batch row b and key/value head g, the G = Hq / Hkv query heads
-// h = g G .. g G + G - 1 read the same keys and values once:
-//   s[h][t] = scale * sum_d q[h][d] k[t][d]             (float32; 16 partial sums over d, then added in order;
-//                                                         -inf where the mask is False: p = 0, k and v not read)
-//   p[h][t] = exp(s[h][t] - max_t s[h][t]),  Z[h] = sum_t p[h][t]  (in increasing t)
-//   out[h][d] = (sum_t p[h][t] v[t][d]) / Z[h]         (in increasing t), rounded once to the input dtype.
-// torch's own scaled_dot_product_attention spends 0.2-0.5 ms a call on this shape (one query row, a few hundred
-// keys), more than the layer's weights take to stream; this takes tens of microseconds.
+// h = g G .. g G + G - 1 read the same keys and values once, in float32:
+//   s[h][t] = scale * (((q[h][0] k[t][0] + q[h][1] k[t][1]) + q[h][2] k[t][2]) + ...)   (one chain in increasing d,
+//             every product and sum rounded; -inf where the mask is False)
+//   p[h][t] = exp_nonpositive(s[h][t] - max_t s[h][t])   (0 where masked)
+//   Z[h]    = sum_t p[h][t]: 16 partial sums (lane l takes t = 16c + l, in increasing c), then the tree
+//             t8[i] = a[i] + a[i+8], t4[i] = t8[i] + t8[i+4], t2[i] = t4[i] + t4[i+2], Z = t2[0] + t2[1]
+//   out[h][d] = (p[h][0] v[0][d] + p[h][1] v[1][d] + ..., increasing t) / Z[h], rounded once to the input dtype.
+// Masked keys and values are never used (a static cache's unfilled slots may hold anything). The arithmetic is
+// written with 16-lane vectors (GCC's vector extension, elementwise IEEE operations, no contraction: the library is
+// compiled with -ffp-contract=off), so each instruction set that target_clones builds for (AVX-512, AVX2, baseline)
+// gives the same bits; exp is the polynomial below (not libm's) for the same reason. torch's own
+// scaled_dot_product_attention spends 0.2-0.5 ms a call on this shape (one query row, a few hundred keys).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -21,77 +26,194 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
+#define QUANTA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+
+__attribute__((always_inline)) inline v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+__attribute__((always_inline)) inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+__attribute__((always_inline)) inline v16 splat(float x) { return v16{} + x; }
+inline int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// T -> float32, exactly. bfloat16: the upper half of a float's bits (a shift, which vectorizes).
 template <typename T>
-inline void load_row(const T* src, int64_t D, float* dst) {
-  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+inline void to_float(const T* src, int64_t n, float* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const uint16_t* u = reinterpret_cast<const uint16_t*>(src);
+    uint32_t* o = reinterpret_cast<uint32_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<uint32_t>(u[i]) << 16;
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  }
 }
 
-// sum_d a[d] b[d] in 16 partial sums (vectorisable without reassociation), added in order
-inline float dot16(const float* a, const float* b, int64_t D) {
-  float part[16] = {0};
-  int64_t d = 0;
-  for (; d + 16 <= D; d += 16)
-    for (int l = 0; l < 16; ++l) part[l] += a[d + l] * b[d + l];
-  for (int l = 0; d < D; ++d, ++l) part[l] += a[d] * b[d];
-  float s = 0.0f;
-  for (int l = 0; l < 16; ++l) s += part[l];
-  return s;
+// exp(x) for x <= 0 (a softmax's shifted scores), 16 at a time: x = (n + f) ln 2 with n = round(x log2 e),
+// |f| <= 1/2, and e^(f ln 2) by its degree-6 Taylor polynomial (relative error below 2e-7); 0 below -87 and for
+// -inf; NaN stays NaN. Only float adds, multiplies, compares and conversions.
+__attribute__((always_inline)) inline v16 exp_nonpositive(v16 x) {
+  const v16 t = x * 1.44269504088896341f;
+  const v16 n = (t + 12582912.0f) - 12582912.0f;  // round to nearest, exact for |t| < 2^22
+  const v16 r = (t - n) * 0.693147180559945309f;
+  v16 p = splat(1.0f / 720.0f);
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  i16v e = __builtin_convertvector(n, i16v) + 127;
+  e = e < 1 ? 1 : e;  // below -87 the result is replaced by 0 anyway
+  const i16v bits = e << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  const v16 y = p * scale;
+  const v16 zero = splat(0.0f);
+  const v16 kept = x != x ? x : y;  // NaN
+  return x < -87.0f ? zero : kept;
+}
+
+// Scores of one (batch row, key/value head): s [G, Sp] for the G query heads qf [G, D] against the keys kt [D, ld]
+// (transposed to float; masked and padding columns zero), 4 heads and 16 keys at a time, d in increasing order.
+QUANTA_CLONES void scores(const float* __restrict qf, const float* __restrict kt, int64_t G, int64_t Sp,
+                          int64_t D, int64_t ld, float* __restrict sc) {
+  for (int64_t h0 = 0; h0 < G; h0 += 4) {
+    const int64_t nh = std::min<int64_t>(4, G - h0);
+    for (int64_t t0 = 0; t0 < Sp; t0 += 16) {
+      v16 a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+      const float* q = qf + h0 * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const v16 k = load16(kt + d * ld + t0);
+        a0 = a0 + q[d] * k;
+        if (nh > 1) a1 = a1 + q[D + d] * k;
+        if (nh > 2) a2 = a2 + q[2 * D + d] * k;
+        if (nh > 3) a3 = a3 + q[3 * D + d] * k;
+      }
+      store16(sc + h0 * Sp + t0, a0);
+      if (nh > 1) store16(sc + (h0 + 1) * Sp + t0, a1);
+      if (nh > 2) store16(sc + (h0 + 2) * Sp + t0, a2);
+      if (nh > 3) store16(sc + (h0 + 3) * Sp + t0, a3);
+    }
+  }
+}
+
+// Scores -> probabilities in place (masked and padding keys 0), and each head's Z.
+QUANTA_CLONES void softmax_numerators(float* __restrict sc, const bool* __restrict live, int64_t G, int64_t S,
+                                      int64_t Sp, float scale, float* __restrict z) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t h = 0; h < G; ++h) {
+    float* s = sc + h * Sp;
+    for (int64_t t = 0; t < Sp; ++t) s[t] = t >= S || (live && !live[t]) ? ninf : s[t] * scale;
+    v16 m = splat(ninf);
+    for (int64_t t = 0; t < Sp; t += 16) {
+      const v16 x = load16(s + t);
+      m = x > m ? x : m;
+    }
+    float mx = ninf;
+    for (int l = 0; l < 16; ++l) mx = std::max(mx, m[l]);  // the maximum: the same in any order
+    v16 acc = splat(0.0f);
+    for (int64_t t = 0; t < Sp; t += 16) {
+      const v16 p = exp_nonpositive(load16(s + t) - mx);
+      store16(s + t, p);
+      acc = acc + p;
+    }
+    float t8[8], t4[4];
+    for (int i = 0; i < 8; ++i) t8[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+    z[h] = (t4[0] + t4[2]) + (t4[1] + t4[3]);
+  }
+}
+
+// out [G, Dp] = p [G, Sp] @ vf [S, Dp] / Z, 4 heads and 16 values of d at a time, t in increasing order.
+QUANTA_CLONES void weighted_values(const float* __restrict p, const float* __restrict vf, const bool* __restrict live,
+                                   const float* __restrict z, int64_t G, int64_t S, int64_t Sp, int64_t Dp,
+                                   float* __restrict out) {
+  for (int64_t h0 = 0; h0 < G; h0 += 4) {
+    const int64_t nh = std::min<int64_t>(4, G - h0);
+    const float* p0 = p + h0 * Sp;
+    for (int64_t d0 = 0; d0 < Dp; d0 += 16) {
+      v16 a0 = splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t t = 0; t < S; ++t) {
+        if (live && !live[t]) continue;  // its value row is never read
+        const v16 v = load16(vf + t * Dp + d0);
+        a0 = a0 + p0[t] * v;
+        if (nh > 1) a1 = a1 + p0[Sp + t] * v;
+        if (nh > 2) a2 = a2 + p0[2 * Sp + t] * v;
+        if (nh > 3) a3 = a3 + p0[3 * Sp + t] * v;
+      }
+      store16(out + h0 * Dp + d0, a0 / z[h0]);
+      if (nh > 1) store16(out + (h0 + 1) * Dp + d0, a1 / z[h0 + 1]);
+      if (nh > 2) store16(out + (h0 + 2) * Dp + d0, a2 / z[h0 + 2]);
+      if (nh > 3) store16(out + (h0 + 3) * Dp + d0, a3 / z[h0 + 3]);
+    }
+  }
 }
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const bool* mask,
          int64_t mask_batch_stride, at::Tensor& out) {
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(3), Hkv = k.size(1), S = k.size(2);
-  const int64_t G = Hq / Hkv;
+  const int64_t G = Hq / Hkv, Sp = round_up16(S), Dp = round_up16(D);
+  // Rows of the transposed keys: 16 floats more than the padded length, so that rows 4 KiB apart (S = 1024)
+  // do not all fall into the same L1 sets (the transposing writes otherwise ran 10x slower).
+  const int64_t ld = Sp + 16;
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), row(D), scores(G * S), acc(G * D);
+    // Per-thread buffers kept between calls: a fresh allocation of this size is an mmap whose page faults
+    // cost more than the attention itself (every element read is written first, below).
+    thread_local std::vector<float> buffer;
+    const int64_t sizes[] = {G * D, D, D * ld, S * Dp, G * Sp, G, G * Dp};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += round_up16(n);
+    if (static_cast<int64_t>(buffer.size()) < total) buffer.resize(total);
+    float* parts[7];
+    float* next = buffer.data();
+    for (int i = 0; i < 7; ++i) {
+      parts[i] = next;
+      next += round_up16(sizes[i]);
+    }
+    float *qf = parts[0], *row = parts[1], *kt = parts[2], *vf = parts[3], *probs = parts[4], *z = parts[5],
+          *acc = parts[6];
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / Hkv, g = bg % Hkv;
       for (int64_t h = 0; h < G; ++h)
-        load_row(qp + b * q.stride(0) + (g * G + h) * q.stride(1), D, qf.data() + h * D);
+        to_float(qp + b * q.stride(0) + (g * G + h) * q.stride(1), D, qf + h * D);
       const T* kb = kp + b * k.stride(0) + g * k.stride(1);
-      const bool* mb = mask ? mask + b * mask_batch_stride : nullptr;
-      for (int64_t t = 0; t < S; ++t) {
-        if (mb && !mb[t]) {
-          for (int64_t h = 0; h < G; ++h) scores[h * S + t] = -std::numeric_limits<float>::infinity();
+      const T* vb = vp + b * v.stride(0) + g * v.stride(1);
+      const bool* live = mask ? mask + b * mask_batch_stride : nullptr;
+      for (int64_t t = 0; t < Sp; ++t) {
+        if (t >= S || (live && !live[t])) {  // zero keys: finite scores, replaced by -inf after
+          for (int64_t d = 0; d < D; ++d) kt[d * ld + t] = 0.0f;
           continue;
         }
-        load_row(kb + t * k.stride(2), D, row.data());
-        for (int64_t h = 0; h < G; ++h) scores[h * S + t] = sc * dot16(qf.data() + h * D, row.data(), D);
+        to_float(kb + t * k.stride(2), D, row);
+        for (int64_t d = 0; d < D; ++d) kt[d * ld + t] = row[d];
+        to_float(vb + t * v.stride(2), D, vf + t * Dp);
+        for (int64_t d = D; d < Dp; ++d) vf[t * Dp + d] = 0.0f;
       }
-      std::vector<float> z(G, 0.0f);
-      for (int64_t h = 0; h < G; ++h) {
-        float* s = scores.data() + h * S;
-        const float mx = *std::max_element(s, s + S);
-        for (int64_t t = 0; t < S; ++t) {
-          s[t] = std::exp(s[t] - mx);
-          z[h] += s[t];
-        }
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      const T* vb = vp + b * v.stride(0) + g * v.stride(1);
-      for (int64_t t = 0; t < S; ++t) {
-        if (mb && !mb[t]) continue;
-        load_row(vb + t * v.stride(2), D, row.data());
-        for (int64_t h = 0; h < G; ++h) {
-          const float p = scores[h * S + t];
-          float* a = acc.data() + h * D;
-          for (int64_t d = 0; d < D; ++d) a[d] += p * row[d];
-        }
-      }
+      scores(qf, kt, G, Sp, D, ld, probs);
+      softmax_numerators(probs, live, G, S, Sp, sc, z);
+      weighted_values(probs, vf, live, z, G, S, Sp, Dp, acc);
       for (int64_t h = 0; h < G; ++h)
         for (int64_t d = 0; d < D; ++d)  // out is [B, 1, Hq, D]
-          op[(b * Hq + g * G + h) * D + d] = static_cast<T>(acc[h * D + d] / z[h]);
+          op[(b * Hq + g * G + h) * D + d] = static_cast<T>(acc[h * Dp + d]);
     }
   });
 }
