@@ -28,7 +28,8 @@ preallocated ``StaticCache`` instead of the ``DynamicCache`` that grows by conca
 
 ``--compile`` runs every torch variant's decode steps through ``torch.compile`` (inductor, static
 shapes) with transformers' ``StaticCache``, as a serving loop would (the prompt, one call of its own
-shape, stays eager); the compilation happens in the warm-up, outside the timings.
+shape, stays eager); the compilation happens in the warm-up, outside the timings, and each compiled
+step is checked against the eager one (its logits) before anything is timed.
 
 Not a test: nothing asserts on time. Threads: 2 for everyone (``--threads``).
 OpenMP's wait policy is the environment's (``OMP_WAIT_POLICY``, unset by default: torch's
@@ -238,6 +239,26 @@ def _measure(torch, model, prompts, decode_tokens: int, gen, cache_kind: str = "
     return res
 
 
+def _check_compiled(torch, name: str, model, step, cache_kind: str, cache_tokens: int) -> None:
+    """The compiled decode step gives the eager step's logits (its own variant's graph, not another's)."""
+    kw = _cache_kw(model)
+    ids = torch.randint(3, CONFIG["vocab_size"], (1, DECODE_CONTEXT), generator=torch.Generator().manual_seed(3))
+    logits = []
+    with torch.inference_mode():
+        for fn in (model, step):
+            cache = _new_cache(model, cache_kind, cache_tokens)
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1, cache_position=torch.arange(DECODE_CONTEXT),
+                        **{kw: cache})
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            out = fn(input_ids=tok, use_cache=True, cache_position=torch.tensor([DECODE_CONTEXT]), **{kw: cache})
+            logits.append(out.logits[:, -1].float())
+    # inductor rounds bfloat16 intermediates less often than eager (measured: 2.5 % of the largest logit for bf16);
+    # another variant's graph, or a wrong one, is off by the logits' whole size
+    err = float((logits[0] - logits[1]).abs().max() / logits[0].abs().max())
+    if not err <= 0.1:
+        raise SystemExit(f"{name}: the compiled decode step differs from eager (relative error {err:.3g})")
+
+
 def _variants(torch, base):
     """(name, model) for bf16 and every quantized variant that can be built here."""
     from quanta.quantization import (Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
@@ -355,6 +376,8 @@ def main() -> None:
             steps[name] = torch.compile(m, dynamic=False)
             _measure(torch, m, (), 2, torch.Generator().manual_seed(2), args.cache, steps[name],
                      DECODE_CONTEXT + args.decode_tokens)
+        for name, m in variants:
+            _check_compiled(torch, name, m, steps[name], args.cache, DECODE_CONTEXT + args.decode_tokens)
     bw = _bandwidth(torch, args.threads)
     gen = torch.Generator().manual_seed(1)
     for _, m in variants:  # warm-up: first calls build caches
