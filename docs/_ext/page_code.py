@@ -78,6 +78,11 @@ def _run_command(command: str) -> None:
         raise RuntimeError(f"`{command}` exited with status {status}")
 
 
+def pages(root: pathlib.Path) -> list[pathlib.Path]:
+    """The site's Markdown pages under ``root`` (the docs directory), build output left out."""
+    return sorted(p for p in root.rglob("*.md") if "_build" not in p.relative_to(root).parts)
+
+
 def figures(text: str) -> list[str]:
     """The file names of the figures a page shows."""
     return sorted({m.group("name") for m in FIGURE.finditer(text)})

@@ -23,9 +23,7 @@ def _make_figures(app: Sphinx) -> None:
     src = pathlib.Path(app.srcdir)
     out = src / "_figures"
     out.mkdir(exist_ok=True)
-    for page in sorted(src.rglob("*.md")):
-        if "_build" in page.parts:
-            continue
+    for page in page_code.pages(src):
         names = page_code.figures(page.read_text(encoding="utf-8"))
         if not names:
             continue

@@ -142,8 +142,6 @@ def summary_line(modname: str, name: str) -> str:
     """The first sentence-line of a public name's docstring ('' when it has none)."""
     obj = getattr(importlib.import_module(modname), name)
     doc = _doc_of_data(modname, name) if _is_data(obj) else (inspect.getdoc(obj) or "")
-    if inspect.ismodule(obj):
-        doc = obj.__doc__ or ""
     return first_sentence(doc.strip().split("\n\n")[0].replace("\n", " ").strip())
 
 
@@ -179,8 +177,9 @@ class QuantaModule(SphinxDirective):
                      ".. rubric:: Public names", "", ".. list-table::", "   :widths: 30 70", ""):
             lines.append(text, source)
         own = []
+        mod = importlib.import_module(modname)
         for name in public_names(modname):
-            obj = getattr(importlib.import_module(modname), name)
+            obj = getattr(mod, name)
             summary = summary_line(modname, name)
             if not summary:
                 raise self.error(f"{modname}.{name} has no docstring summary line")
@@ -199,7 +198,6 @@ class QuantaModule(SphinxDirective):
                 own.append(name)
         lines.append("", source)
         rest: list[str] = []
-        mod = importlib.import_module(modname)
         for name in own:
             obj = getattr(mod, name)
             if inspect.isclass(obj):

@@ -18,7 +18,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 import page_code  # noqa: E402  (docs/_ext, put on the path above)
 import quanta_api  # noqa: E402
 
-PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
+PAGES = page_code.pages(DOCS)
 
 
 @pytest.fixture(scope="module")
