@@ -49,10 +49,12 @@ threads than with 1 here), and ``passive`` is the better measurement.
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -309,8 +311,12 @@ def _start_llama(args, base, torch):
     if check.returncode != 0:
         print(f"# llama.cpp skipped: {py} cannot import gguf and llama_cpp", flush=True)
         return None
-    wdir = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="quanta_llm_"))
-    wdir.mkdir(parents=True, exist_ok=True)
+    if args.work_dir:
+        wdir = pathlib.Path(args.work_dir)
+        wdir.mkdir(parents=True, exist_ok=True)
+    else:  # ~4.4 GB of .npy and GGUF files: removed when this process ends, whichever way it ends but a kill
+        wdir = pathlib.Path(tempfile.mkdtemp(prefix="quanta_llm_"))
+        atexit.register(shutil.rmtree, wdir, ignore_errors=True)
     import numpy as np
 
     for name, t in base.state_dict().items():
@@ -331,7 +337,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-python", help="an interpreter with gguf and llama_cpp (default: this one)")
     ap.add_argument("--no-llama", action="store_true")
-    ap.add_argument("--work-dir", help="where the exported weights and GGUF files go (kept; default: a temp dir)")
+    ap.add_argument("--work-dir", help="where the exported weights and GGUF files go, kept for the next run (default: a temp dir, removed at exit)")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--weights-dir", help=argparse.SUPPRESS)
     ap.add_argument("--kinds", help=argparse.SUPPRESS)
