@@ -86,6 +86,39 @@ __attribute__((always_inline)) inline v16 exp_nonpositive(v16 x) {
   return x < -87.0f ? zero : kept;
 }
 
+// kt[d * ld + i] = rows[i * D + d] for the 16 rows i of a block of keys and d < D (D a multiple of 16): 16x16
+// blocks transposed in registers, four rounds that each swap one bit of the row and column index (exact moves).
+QUANTA_CLONES void transpose_keys(const float* __restrict rows, int64_t D, float* __restrict kt, int64_t ld) {
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    v16 a[16];
+    for (int i = 0; i < 16; ++i) a[i] = load16(rows + i * D + d0);
+    for (int r = 0; r < 16; ++r) {  // rows r and r + 8 swap the off-diagonal 8 x 8 blocks
+      if (r & 8) continue;
+      const v16 x = a[r], y = a[r + 8];
+      a[r] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+      a[r + 8] = __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    for (int r = 0; r < 16; ++r) {  // then 4 x 4 blocks
+      if (r & 4) continue;
+      const v16 x = a[r], y = a[r + 4];
+      a[r] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+      a[r + 4] = __builtin_shufflevector(x, y, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    }
+    for (int r = 0; r < 16; ++r) {  // 2 x 2
+      if (r & 2) continue;
+      const v16 x = a[r], y = a[r + 2];
+      a[r] = __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      a[r + 2] = __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+    for (int r = 0; r < 16; r += 2) {  // single elements
+      const v16 x = a[r], y = a[r + 1];
+      a[r] = __builtin_shufflevector(x, y, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+      a[r + 1] = __builtin_shufflevector(x, y, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    }
+    for (int i = 0; i < 16; ++i) store16(kt + (d0 + i) * ld, a[i]);
+  }
+}
+
 // Scores of one (batch row, key/value head): s [G, Sp] for the G query heads qf [G, D] against the keys kt [D, ld]
 // (transposed to float; masked and padding columns zero), 4 heads and 16 keys at a time, d in increasing order.
 QUANTA_CLONES void scores(const float* __restrict qf, const float* __restrict kt, int64_t G, int64_t Sp,
@@ -179,7 +212,7 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
     // Per-thread buffers kept between calls: a fresh allocation of this size is an mmap whose page faults
     // cost more than the attention itself (every element read is written first, below).
     thread_local std::vector<float> buffer;
-    const int64_t sizes[] = {G * D, D, D * ld, S * Dp, G * Sp, G, G * Dp};
+    const int64_t sizes[] = {G * D, 16 * Dp, Dp * ld, S * Dp, G * Sp, G, G * Dp};
     int64_t total = 0;
     for (int64_t n : sizes) total += round_up16(n);
     if (static_cast<int64_t>(buffer.size()) < total) buffer.resize(total);
@@ -189,7 +222,7 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
       parts[i] = next;
       next += round_up16(sizes[i]);
     }
-    float *qf = parts[0], *row = parts[1], *kt = parts[2], *vf = parts[3], *probs = parts[4], *z = parts[5],
+    float *qf = parts[0], *kblk = parts[1], *kt = parts[2], *vf = parts[3], *probs = parts[4], *z = parts[5],
           *acc = parts[6];
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / Hkv, g = bg % Hkv;
@@ -198,15 +231,18 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
       const T* kb = kp + b * k.stride(0) + g * k.stride(1);
       const T* vb = vp + b * v.stride(0) + g * v.stride(1);
       const bool* live = mask ? mask + b * mask_batch_stride : nullptr;
-      for (int64_t t = 0; t < Sp; ++t) {
-        if (t >= S || (live && !live[t])) {  // zero keys: finite scores, replaced by -inf after
-          for (int64_t d = 0; d < D; ++d) kt[d * ld + t] = 0.0f;
-          continue;
+      for (int64_t t0 = 0; t0 < Sp; t0 += 16) {  // 16 keys to float, then transposed into kt's columns t0..
+        for (int64_t t = t0; t < t0 + 16; ++t) {
+          float* key = kblk + (t - t0) * Dp;
+          if (t >= S || (live && !live[t])) {  // zero keys: finite scores, replaced by -inf after
+            std::memset(key, 0, Dp * sizeof(float));
+            continue;
+          }
+          to_float(kb + t * k.stride(2), D, key);
+          to_float(vb + t * v.stride(2), D, vf + t * Dp);
+          for (int64_t d = D; d < Dp; ++d) key[d] = vf[t * Dp + d] = 0.0f;
         }
-        to_float(kb + t * k.stride(2), D, row);
-        for (int64_t d = 0; d < D; ++d) kt[d * ld + t] = row[d];
-        to_float(vb + t * v.stride(2), D, vf + t * Dp);
-        for (int64_t d = D; d < Dp; ++d) vf[t * Dp + d] = 0.0f;
+        transpose_keys(kblk, Dp, kt + t0, ld);
       }
       scores(qf, kt, G, Sp, D, ld, probs);
       softmax_numerators(probs, live, G, S, Sp, sc, z);
