@@ -474,3 +474,73 @@ def test_int8_kernel_sees_scales_and_zero_points_changed_in_place():
     assert not torch.allclose(F.linear(x, w), before)
     w.tensor_impl.zero_point.add_(1)
     assert torch.allclose(F.linear(x, w), F.linear(x, w.dequantize()), rtol=2e-2, atol=2e-2)
+
+
+# ------------------------------------------------------------------ F.linear's remembered kernel call
+_KERNEL_CASES = ["int8_per_row", "int8_per_row_none", "int4_cpu"]  # the fused kernels serve these
+
+
+def _native_or_skip():
+    from quanta.kernels import int_linear_native
+
+    int_linear_native.ops()
+    if int_linear_native.status() != "native":
+        pytest.skip("the native kernels are not built here")
+
+
+@pytest.mark.parametrize("name", _KERNEL_CASES)
+def test_remembered_kernel_call_gives_the_first_calls_bits(name):
+    _native_or_skip()
+    w = make(name, k=96)
+    x, bias = randn(2, 5, 96), randn(N)
+    first = F.linear(x, w, bias)  # chooses the kernel and remembers it
+    assert w.__dict__["_kernel_call"][0] is w.tensor_impl
+    assert torch.equal(F.linear(x, w, bias), first)
+    assert torch.equal(F.linear(x.bfloat16(), w), linear_via_matmul(x.bfloat16(), w))
+
+
+def linear_via_matmul(x, w):
+    from quanta.dtypes.ops import linear
+
+    return linear(x, w)
+
+
+def test_remembered_kernel_call_follows_a_new_storage_and_copies():
+    _native_or_skip()
+    import copy
+    import pickle
+
+    w = make("int4_cpu")
+    x = randn(1, K)
+    y = F.linear(x, w)
+    other = make("int4_cpu")
+    want = F.linear(x, other)
+    w.tensor_impl = other.tensor_impl  # a new storage: looked at again, not served by the old record
+    assert torch.equal(F.linear(x, w), want) and not torch.equal(want, y)
+    twin = copy.deepcopy(other)  # the record is copied with it; the copy computes with its own storage
+    assert "_kernel_call" in twin.__dict__
+    twin.tensor_impl.packed_weight.zero_()  # every code 0
+    got = F.linear(x, twin)
+    assert torch.equal(F.linear(x, other), want) and not torch.equal(got, want)
+    assert_close(got, x @ twin.dequantize().t(), fused=True)
+    assert "_kernel_call" not in pickle.loads(pickle.dumps(other)).__dict__
+
+
+def test_no_kernel_call_is_remembered_for_the_tiled_path():
+    w = make("int8_per_row_asym")  # a nonzero zero point: the int8 kernel does not take it
+    F.linear(randn(1, K), w)
+    assert "_kernel_call" not in w.__dict__
+
+
+@pytest.mark.parametrize("name", _KERNEL_CASES)
+def test_remembered_kernel_call_leaves_other_inputs_to_the_checked_path(name):
+    _native_or_skip()
+    w = make(name)
+    F.linear(randn(1, K), w)
+    with pytest.raises(ValueError, match="features"):
+        F.linear(randn(1, K + 1), w)
+    x = randn(2, K).requires_grad_()
+    y = F.linear(x, w)  # autograd through the dispatch path
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert F.linear(randn(2, K).double(), w).dtype == torch.float64  # not a kernel dtype: the tiled path

@@ -227,7 +227,8 @@ class AffineQuantizedTensor(torch.Tensor):
 
     def __getstate__(self) -> dict:
         # pickling (torch.save) keeps the fields, not what is derived from them
-        return {k: v for k, v in self.__dict__.items() if k != "_flatten" and not k.startswith("_impl_")}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_flatten", "_kernel_call") and not k.startswith("_impl_")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

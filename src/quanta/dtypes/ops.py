@@ -127,9 +127,46 @@ def _int8_kernel_scale(w: AQT) -> Optional[torch.Tensor]:
     return hit[2]
 
 
+def _int8_kernel_call(x: torch.Tensor, w: AQT, bias: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
+    """The int8 weight-only kernel on ``x`` (a float CPU tensor with ``w``'s K features), or None if the zero
+    point has become nonzero since (the tiled path then)."""
+    scale16 = _int8_kernel_scale(w)
+    if scale16 is None:
+        return None
+    return int_linear.int8_weight_only_linear_prepared(x, w.tensor_impl.int_data, scale16, bias)
+
+
+def _int4_kernel_call(x: torch.Tensor, w: AQT, bias: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
+    """The int4 kernel on ``x`` (a float CPU tensor with ``w``'s K features), ``n`` output features."""
+    impl = w.tensor_impl
+    return int_linear.int4_cpu_linear_prepared(x, impl.packed_weight, impl.scale_and_zero, impl.group_size, n,
+                                               bias)
+
+
+def _remember_kernel(w: AQT, call) -> None:
+    """Record which kernel call serves ``F.linear`` on ``w`` (found by :func:`_matmul`), for
+    :func:`linear_function`'s fast path: eager decode calls each weight's kernel once per token, and the checks
+    that chose it cost several times the kernel's own dispatch. Keyed by the storage object, so that a new
+    storage is looked at again; the call reads everything from the weight it is given, so a copied record (a
+    deep copy copies ``__dict__``) still serves its own weight. The shape is kept too: reading ``w.shape``
+    goes through ``__torch_function__``."""
+    n, k = w.shape
+    w.__dict__["_kernel_call"] = (w.tensor_impl, call, n, k)
+
+
 @implements_torch_function(torch.nn.functional.linear)
 def linear_function(input, weight, bias=None):
     """``F.linear`` with a quantized weight (and a plain input and bias), else ``NotImplemented``."""
+    # (traced by torch.compile: not looked at, dynamo does not follow a tensor's __dict__)
+    known = (weight.__dict__.get("_kernel_call") if not torch.compiler.is_compiling() and type(weight) is AQT
+             else None)
+    if (known is not None and known[0] is weight.tensor_impl and type(input) is torch.Tensor
+            and (bias is None or type(bias) is torch.Tensor) and input.dtype in _KERNEL_DTYPES and input.device.type == "cpu" and input.dim() > 0
+            and input.shape[-1] == known[3] and not input.requires_grad
+            and (bias is None or not bias.requires_grad)):
+        out = known[1](input, weight, bias, known[2])  # what _matmul would call, without choosing it again
+        if out is not None:
+            return out
     if (type(weight) is not AQT or isinstance(input, AQT) or isinstance(bias, AQT) or len(weight.shape) != 2
             or not isinstance(input, torch.Tensor) or len(input.shape) == 0):
         return NotImplemented
@@ -172,15 +209,20 @@ def _matmul(x: torch.Tensor, q: AQT, flip: bool, bias: Optional[torch.Tensor]) -
         # graph). Otherwise the native op itself, unchecked (it has a shape-only fake implementation): eager and
         # compiled calls alike skip the Python argument checks of the decode hot path.
         traced = torch.compiler.is_compiling() and int_linear_native.status() != "native"
+        native = not torch.compiler.is_compiling() and int_linear_native.status() == "native" and flip
         scale16 = _int8_kernel_scale(q) if _int8_rows(q) else None
         if scale16 is not None:
             if traced:
                 return linear_ops.int8_weight_only_linear(x, impl.int_data, scale16, bias)
+            if native:
+                _remember_kernel(q, _int8_kernel_call)
             return int_linear.int8_weight_only_linear_prepared(x, impl.int_data, scale16, bias)
         if isinstance(impl, Int4CPUAQTTensorImpl):
             if traced:
                 return linear_ops.int4_cpu_linear(x, impl.packed_weight, impl.scale_and_zero, impl.group_size,
                                                   n_out, bias)
+            if native:
+                _remember_kernel(q, _int4_kernel_call)
             return int_linear.int4_cpu_linear_prepared(x, impl.packed_weight, impl.scale_and_zero, impl.group_size,
                                                        n_out, bias)
     x2 = x.reshape(-1, k)
