@@ -287,6 +287,12 @@ def _compiled_step(torch, model, index: int, module_guards: bool):
                          options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
 
 
+def _step_kind(args) -> str:
+    if not args.compile:
+        return "eager"
+    return f"decode steps torch.compile-d (module guards {'kept' if args.module_guards else 'skipped'})"
+
+
 def _variants(torch, base):
     """(name, model) for bf16 and every quantized variant that can be built here."""
     from quanta.quantization import (Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
@@ -363,7 +369,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-python", help="an interpreter with gguf and llama_cpp (default: this one)")
     ap.add_argument("--no-llama", action="store_true")
-    ap.add_argument("--work-dir", help="where the exported weights and GGUF files go, kept for the next run (default: a temp dir, removed at exit)")
+    ap.add_argument("--work-dir", help="where the exported weights and GGUF files go, kept for the next run "
+                                       "(default: a temp dir, removed at exit)")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--weights-dir", help=argparse.SUPPRESS)
     ap.add_argument("--kinds", help=argparse.SUPPRESS)
@@ -441,7 +448,7 @@ def main() -> None:
     bf16_decode = med(rows["bf16"], "decode")
     print(f"\ntorch {torch.__version__}, {args.threads} threads, quanta kernels {int_linear_native.status()} "
           f"({int_linear_native.isa()}), attention {args.attn}, {args.cache} cache, "
-          f"{'eager' if not args.compile else 'decode steps torch.compile-d' + (' (module guards kept)' if args.module_guards else ' (module guards skipped)')}, "
+          f"{_step_kind(args)}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
           f"read bandwidth {bw / 1e9:.1f} GB/s; load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; medians of {args.rounds} interleaved rounds; decode "

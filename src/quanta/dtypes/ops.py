@@ -161,9 +161,9 @@ def linear_function(input, weight, bias=None):
     known = (weight.__dict__.get("_kernel_call") if not torch.compiler.is_compiling() and type(weight) is AQT
              else None)
     if (known is not None and known[0] is weight.tensor_impl and type(input) is torch.Tensor
-            and (bias is None or type(bias) is torch.Tensor) and input.dtype in _KERNEL_DTYPES and input.device.type == "cpu" and input.dim() > 0
-            and input.shape[-1] == known[3] and not input.requires_grad
-            and (bias is None or not bias.requires_grad)):
+            and (bias is None or type(bias) is torch.Tensor) and input.dtype in _KERNEL_DTYPES
+            and input.device.type == "cpu" and input.dim() > 0 and input.shape[-1] == known[3]
+            and not input.requires_grad and (bias is None or not bias.requires_grad)):
         out = known[1](input, weight, bias, known[2])  # what _matmul would call, without choosing it again
         if out is not None:
             return out
@@ -208,23 +208,23 @@ def _matmul(x: torch.Tensor, q: AQT, flip: bool, bias: Optional[torch.Tensor]) -
         # Traced (torch.compile, torch.export) without the native kernels: the Python custom ops (opaque in the
         # graph). Otherwise the native op itself, unchecked (it has a shape-only fake implementation): eager and
         # compiled calls alike skip the Python argument checks of the decode hot path.
-        traced = torch.compiler.is_compiling() and int_linear_native.status() != "native"
-        native = not torch.compiler.is_compiling() and int_linear_native.status() == "native" and flip
+        compiling, native = torch.compiler.is_compiling(), int_linear_native.status() == "native"
+        traced = compiling and not native
+        remember = native and not compiling and flip  # eager F.linear: linear_function's next call goes direct
         scale16 = _int8_kernel_scale(q) if _int8_rows(q) else None
         if scale16 is not None:
             if traced:
                 return linear_ops.int8_weight_only_linear(x, impl.int_data, scale16, bias)
-            if native:
+            if remember:
                 _remember_kernel(q, _int8_kernel_call)
             return int_linear.int8_weight_only_linear_prepared(x, impl.int_data, scale16, bias)
         if isinstance(impl, Int4CPUAQTTensorImpl):
             if traced:
                 return linear_ops.int4_cpu_linear(x, impl.packed_weight, impl.scale_and_zero, impl.group_size,
                                                   n_out, bias)
-            if native:
+            if remember:
                 _remember_kernel(q, _int4_kernel_call)
-            return int_linear.int4_cpu_linear_prepared(x, impl.packed_weight, impl.scale_and_zero, impl.group_size,
-                                                       n_out, bias)
+            return _int4_kernel_call(x, q, bias, n_out)
     x2 = x.reshape(-1, k)
     sb = q.storage_block_size
     if storage_is_weight:
