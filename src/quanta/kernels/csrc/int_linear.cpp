@@ -69,6 +69,11 @@ std::atomic<int64_t> g_isa_limit{AVX512_BF16};
 int64_t active_isa() { return std::min<int64_t>(kCpuIsa, g_isa_limit.load(std::memory_order_relaxed)); }
 
 // ------------------------------------------------------------------------------------------------ helpers
+// Loops over a kernel's register block (template constants) are unrolled before GCC decides where the block's
+// accumulator arrays live: left to its later unrolling, it kept them on the stack too, storing every
+// accumulator after each multiply-add (seen in the disassembly of the int8 dynamic and prefill kernels).
+#define QUANTA_UNROLL _Pragma("GCC unroll 16")
+
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // The lane tree of one 16-lane accumulator (the portable definition every path follows).
@@ -339,6 +344,7 @@ template <int R, int MB>
 QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, const float* const* xr,
                                       int64_t nchunks, float* out) {
   __m256 lo[R * MB], hi[R * MB], s[R], z[R];
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
   const __m256 eight = _mm256_set1_ps(8.0f);
   const __m128i nibble = _mm_set1_epi8(15);
@@ -348,6 +354,7 @@ QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, 
     const int64_t g = std::min<int64_t>((16 * c) >> src.gshift, src.ngroups - 1);
     if (g != group) {
       group = g;
+      QUANTA_UNROLL
       for (int r = 0; r < R; ++r) {
         const uint32_t bits = src.sz_bits(rows[r], 16 * c);
         s[r] = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)));
@@ -355,6 +362,7 @@ QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, 
       }
     }
     const int q = static_cast<int>(c % 4);
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = src.p + rows[r] * src.row_bytes + (c / 4) * 32;
       if (c % 8 == 0) prefetch_next_rows(blk, R * src.row_bytes);
@@ -365,6 +373,7 @@ QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, 
       const __m256 ch = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), eight);
       const __m256 wl = _mm256_fmadd_ps(cl, s[r], z[r]);
       const __m256 wh = _mm256_fmadd_ps(ch, s[r], z[r]);
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) {
         const float* x = xr[m] + 16 * c;
         lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
@@ -372,6 +381,7 @@ QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, 
       }
     }
   }
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
 }
 
@@ -452,6 +462,7 @@ template <int R, int MB, bool SPLIT>
 QUANTA_AVX2 void block_avx2_pass_int4_b64(const Int4Rows& src, const int64_t* rows, const float* const* xr,
                                           int64_t nchunks, float* out) {
   __m256 lo[R * MB], hi[R * MB], sa[R], za[R], sb[R], zb[R];
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
   const __m256i nibble = _mm256_set1_epi32(15);
   const uint8_t* rp[R];
@@ -493,6 +504,7 @@ QUANTA_AVX2 void block_avx2_pass_int4_b64(const Int4Rows& src, const int64_t* ro
                          dequant8_avx2(_mm256_srli_epi32(v3, 4), s1, z1), lo + r * MB, hi + r * MB);
     }
   }
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
 }
 
@@ -503,6 +515,7 @@ QUANTA_AVX2 void block_avx2(const Src& src, const int64_t* rows, const float* co
                             float* out) {
   constexpr int RS = std::is_same<Src, Int4Rows>::value ? (MB >= 2 ? 1 : 2) : (MB >= 4 ? 1 : (4 / MB < R ? 4 / MB : R));
   static_assert(R % RS == 0, "rows per block must be a multiple of rows per pass");
+  QUANTA_UNROLL
   for (int r0 = 0; r0 < R; r0 += RS) {
     if constexpr (std::is_same<Src, Int4Rows>::value) {
       if (src.group == 32) {
@@ -549,27 +562,34 @@ template <int R, int MB>
 QUANTA_AVX512 void block_avx512(const Int8Rows& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
                                 float* out) {
   __m512 acc[16];
+  QUANTA_UNROLL
   for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
   const int8_t* rp[R];
+  QUANTA_UNROLL
   for (int r = 0; r < R; ++r) rp[r] = src.w + rows[r] * src.K;
   const int64_t full = src.K / 16;
   int64_t c = 0;
   for (; c < full; ++c) {
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       if ((c & 3) == 0) prefetch_next_rows(rp[r] + 16 * c, R * src.K);
       const __m512 w = _mm512_cvtepi32_ps(
           _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 16 * c))));
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + 16 * c), w, acc[r * MB + m]);
     }
   }
   for (; c < nchunks; ++c) {
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512 w = chunk_avx512(src, rows[r], c);
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + 16 * c), w, acc[r * MB + m]);
     }
   }
   alignas(64) float t[16];
   _mm512_store_ps(t, reduce16_avx512(acc));
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) out[j] = t[j];
 }
 
@@ -618,12 +638,14 @@ QUANTA_AVX512 __attribute__((always_inline)) inline void int4_chunks_avx512(cons
                                                                             int64_t row_bytes, const __m512* lut,
                                                                             const float* const* xr, __m512* acc) {
   const int64_t k0 = 64 * b;
+  QUANTA_UNROLL
   for (int r = 0; r < R; ++r) {
     if ((b & 1) == 0 && PART != 1) prefetch_next_rows(rp[r] + 32 * b, R * row_bytes);
     const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 32 * b)));
     const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 32 * b + 16)));
     if (PART != 1) {
       const __m512 w0 = _mm512_permutexvar_ps(v0, lut[r]), w1 = _mm512_permutexvar_ps(v1, lut[r]);
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) {
         acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0), w0, acc[r * MB + m]);
         acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 16), w1, acc[r * MB + m]);
@@ -632,6 +654,7 @@ QUANTA_AVX512 __attribute__((always_inline)) inline void int4_chunks_avx512(cons
     if (PART != 0) {
       const __m512 w2 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut[r]);
       const __m512 w3 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut[r]);
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) {
         acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 32), w2, acc[r * MB + m]);
         acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 48), w3, acc[r * MB + m]);
@@ -644,8 +667,10 @@ template <int R, int MB, bool SPLIT>
 QUANTA_AVX512 void block_int4_avx512(const Int4Rows& src, const int64_t* rows, const float* const* xr,
                                      int64_t nchunks, float* out) {
   __m512 acc[R * MB];
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) acc[j] = _mm512_setzero_ps();
   const uint8_t* rp[R];
+  QUANTA_UNROLL
   for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
   prefetch_next_scales(src, rows[R - 1], R);
   __m512 lut[R];
@@ -655,6 +680,7 @@ QUANTA_AVX512 void block_int4_avx512(const Int4Rows& src, const int64_t* rows, c
     const int64_t k0 = 64 * b;
     const int64_t g = std::min<int64_t>(k0 >> src.gshift, src.ngroups - 1);
     if (g != group) {
+      QUANTA_UNROLL
       for (int r = 0; r < R; ++r) lut[r] = lut_avx512(src, rows[r], k0);
       group = g;
     }
@@ -662,6 +688,7 @@ QUANTA_AVX512 void block_int4_avx512(const Int4Rows& src, const int64_t* rows, c
       int4_chunks_avx512<R, MB, 0>(rp, b, src.row_bytes, lut, xr, acc);
       const int64_t g2 = std::min<int64_t>((k0 + 32) >> src.gshift, src.ngroups - 1);
       if (g2 != group) {
+        QUANTA_UNROLL
         for (int r = 0; r < R; ++r) lut[r] = lut_avx512(src, rows[r], k0 + 32);
         group = g2;
       }
@@ -671,9 +698,11 @@ QUANTA_AVX512 void block_int4_avx512(const Int4Rows& src, const int64_t* rows, c
     }
   }
   __m512 all[16];
+  QUANTA_UNROLL
   for (int j = 0; j < 16; ++j) all[j] = j < R * MB ? acc[j] : _mm512_setzero_ps();
   alignas(64) float t[16];
   _mm512_store_ps(t, reduce16_avx512(all));
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) out[j] = t[j];
 }
 
@@ -716,9 +745,11 @@ void run_block(int64_t isa, const Src& src, const int64_t* rows, int R, const fl
 //  prefill (M >= kPrefillMinRows): run_prefill below, one fma chain per output.
 constexpr int64_t kDecodeTileRows = 16;
 constexpr int64_t kPrefillMinRows = 8;
-// int8 dynamic: from this many activation rows on, torch's int8 GEMM (measured on Zen 4, K = N = 4096: 4.0 vs
-// 4.3 ms at 32 rows, 7.5 vs 15.4 ms at 128; 3.7 vs 3.1 ms at 24)
-constexpr int64_t kInt8GemmMinRows = 32;
+// int8 dynamic: from this many activation rows on, torch's int8 GEMM (oneDNN). Measured on 2 Zen 4 cores, K = N =
+// 4096, after the row kernel's accumulators left the stack (QUANTA_UNROLL): row kernel vs torch 3.5 vs 4.8 ms at
+// 32 rows, 4.2 vs 6.4 at 64, 9.0 vs 9.6 at 128, 18.5 vs 17.8 at 256, 35.6 vs 30.5 at 512 (bf16 F.linear: 4.2,
+// 6.3, 11.2, 21.4, 41 ms).
+constexpr int64_t kInt8GemmMinRows = 256;
 
 
 template <typename Src, typename Epi>
@@ -829,10 +860,12 @@ QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows,
                                        int64_t nblocks, float* out) {
   const __m512i lut = _mm512_load_si512(kCodeMinus8Bf16);
   __m512 Y[R * MB], P[R * MB], Q[SPLIT ? R * MB : 1];
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) Y[j] = P[j] = _mm512_setzero_ps();
   if (SPLIT)
     for (int j = 0; j < R * MB; ++j) Q[j] = _mm512_setzero_ps();
   const uint8_t* rp[R];
+  QUANTA_UNROLL
   for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
   const auto group_of = [&](int64_t k) { return std::min<int64_t>(k >> src.gshift, src.ngroups - 1); };
   prefetch_next_scales(src, rows[R - 1], R);
@@ -840,8 +873,10 @@ QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows,
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t k0 = 64 * b;
     if (!SPLIT && group_of(k0) != group) {
+      QUANTA_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m512 s = scale_bcast(src, group, rows[r]);
+        QUANTA_UNROLL
         for (int m = 0; m < MB; ++m) {
           Y[r * MB + m] = _mm512_fmadd_ps(s, P[r * MB + m], Y[r * MB + m]);
           P[r * MB + m] = _mm512_setzero_ps();
@@ -849,11 +884,13 @@ QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows,
       }
       group = group_of(k0);
     }
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       if ((b & 1) == 0) prefetch_next_rows(rp[r] + 32 * b, R * src.row_bytes);
       const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp[r] + 32 * b)));
       const __m512i wl = _mm512_permutexvar_epi16(v, lut);                        // k0 .. k0 + 31
       const __m512i wh = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);   // k0 + 32 .. k0 + 63
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) {
         P[r * MB + m] = dp_bf16(P[r * MB + m], xr[m] + k0, wl);
         if (SPLIT) {
@@ -865,8 +902,10 @@ QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows,
     }
     if (SPLIT) {  // groups of 32: k0 .. k0 + 31 and k0 + 32 .. k0 + 63 are two groups
       const int64_t ga = group_of(k0), gb = group_of(k0 + 32);
+      QUANTA_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m512 sa = scale_bcast(src, ga, rows[r]), sb = scale_bcast(src, gb, rows[r]);
+        QUANTA_UNROLL
         for (int m = 0; m < MB; ++m) {
           Y[r * MB + m] = _mm512_fmadd_ps(sa, P[r * MB + m], Y[r * MB + m]);
           Y[r * MB + m] = _mm512_fmadd_ps(sb, Q[r * MB + m], Y[r * MB + m]);
@@ -876,15 +915,19 @@ QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows,
     }
   }
   if (!SPLIT) {
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512 s = scale_bcast(src, group, rows[r]);
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) Y[r * MB + m] = _mm512_fmadd_ps(s, P[r * MB + m], Y[r * MB + m]);
     }
   }
   __m512 all[16];
+  QUANTA_UNROLL
   for (int j = 0; j < 16; ++j) all[j] = j < R * MB ? Y[j] : _mm512_setzero_ps();
   alignas(64) float t[16];
   _mm512_store_ps(t, reduce16_avx512(all));
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) out[j] = t[j];
 }
 
@@ -1051,12 +1094,14 @@ QUANTA_AVX512 void dequant_T_avx512(const Int4Rows& src, int64_t n0, int64_t nro
 template <int MR>
 QUANTA_AVX512 void gemm_mk_avx512(const float* Bp, const float* const* xr, int64_t kc, float* C, bool first) {
   __m512 c[MR][4];
+  QUANTA_UNROLL
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < 4; ++j) c[m][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(C + m * kPanel + 16 * j);
   for (int64_t kk = 0; kk < kc; ++kk) {
     const float* b = Bp + kk * kPanel;
     const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16), b2 = _mm512_load_ps(b + 32),
                  b3 = _mm512_load_ps(b + 48);
+    QUANTA_UNROLL
     for (int m = 0; m < MR; ++m) {
       const __m512 xv = _mm512_set1_ps(xr[m][kk]);
       c[m][0] = _mm512_fmadd_ps(xv, b0, c[m][0]);
@@ -1065,19 +1110,24 @@ QUANTA_AVX512 void gemm_mk_avx512(const float* Bp, const float* const* xr, int64
       c[m][3] = _mm512_fmadd_ps(xv, b3, c[m][3]);
     }
   }
+  QUANTA_UNROLL
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
 }
 
 template <int MR>
 QUANTA_AVX2 void gemm_mk_avx2(const float* Bp, const float* const* xr, int64_t kc, float* C, bool first) {
+  QUANTA_UNROLL
   for (int j = 0; j < 8; ++j) {  // 8-wide slices of the 64 outputs: each output's chain is unchanged
     __m256 c[MR];
+    QUANTA_UNROLL
     for (int m = 0; m < MR; ++m) c[m] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(C + m * kPanel + 8 * j);
     for (int64_t kk = 0; kk < kc; ++kk) {
       const __m256 b = _mm256_loadu_ps(Bp + kk * kPanel + 8 * j);
+      QUANTA_UNROLL
       for (int m = 0; m < MR; ++m) c[m] = _mm256_fmadd_ps(_mm256_set1_ps(xr[m][kk]), b, c[m]);
     }
+    QUANTA_UNROLL
     for (int m = 0; m < MR; ++m) _mm256_storeu_ps(C + m * kPanel + 8 * j, c[m]);
   }
 }
@@ -1234,6 +1284,7 @@ QUANTA_AVX512BF16 __attribute__((always_inline)) inline void pair_step_bf16(cons
                                                                             __m512 (*acc)[4]) {
   const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
   const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
+  QUANTA_UNROLL
   for (int m = 0; m < MR; ++m) {
     const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
     acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xb, (__m512bh)b0);
@@ -1248,6 +1299,7 @@ template <int MR>
 QUANTA_AVX512BF16 void gemm_mk_bf16(const uint32_t* Bp, const uint16_t* const* xr, int64_t npairs, float* C,
                                     bool first, int64_t x_ahead) {
   __m512 c[MR][4];
+  QUANTA_UNROLL
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < 4; ++j) c[m][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(C + m * kPanel + 16 * j);
   for (int64_t p = 0; p < npairs; ++p) {
@@ -1256,6 +1308,7 @@ QUANTA_AVX512BF16 void gemm_mk_bf16(const uint32_t* Bp, const uint16_t* const* x
         _mm_prefetch(reinterpret_cast<const char*>(xr[m] + 2 * p + x_ahead), _MM_HINT_T0);
     pair_step_bf16<MR>(Bp, p, xr, c);
   }
+  QUANTA_UNROLL
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
 }
@@ -1278,9 +1331,11 @@ template <int MR, int GP>
 QUANTA_AVX512BF16 void gemm_mk_bf16_groups(const uint32_t* Bp, const uint16_t* const* xr, int64_t ng,
                                            int64_t npairs, const float* s, float* C) {
   __m512 c[MR][4], P[MR][4];
+  QUANTA_UNROLL
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < 4; ++j) c[m][j] = _mm512_loadu_ps(C + m * kPanel + 16 * j);
   for (int64_t q = 0; q < ng; ++q) {
+    QUANTA_UNROLL
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < 4; ++j) P[m][j] = _mm512_setzero_ps();
     const int64_t p0 = q * GP, p1 = std::min<int64_t>(npairs, p0 + GP);
@@ -1289,11 +1344,14 @@ QUANTA_AVX512BF16 void gemm_mk_bf16_groups(const uint32_t* Bp, const uint16_t* c
     } else {
       for (int64_t p = p0; p < p1; ++p) pair_step_bf16<MR>(Bp, p, xr, P);
     }
+    QUANTA_UNROLL
     for (int j = 0; j < 4; ++j) {
       const __m512 sj = _mm512_load_ps(s + q * kPanel + 16 * j);
+      QUANTA_UNROLL
       for (int m = 0; m < MR; ++m) c[m][j] = _mm512_fmadd_ps(sj, P[m][j], c[m][j]);
     }
   }
+  QUANTA_UNROLL
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
 }
@@ -1496,23 +1554,33 @@ at::Tensor int4_weight_only_linear(const at::Tensor& x, const at::Tensor& packed
 
 // ---- int8 x int8 -> int32 (exact; any order gives the same bits)
 // x_u8 = q_x + 128 in [0, 255], zero padded to Kp; acc = sum x_u8 * w = sum q_x w + 128 colsum.
+// The row pointers are taken once and the loop has no early exit, so that the accumulators stay in registers
+// (the loop with a break in it kept them on the stack: a store after every vpdpbusd).
 template <int R, int MB>
 QUANTA_AVX512 void dot_i8_avx512(const int8_t* w, int64_t K, const int64_t* rows, const uint8_t* const* xr,
                                  int32_t* out) {
   __m512i acc[R * MB];
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) acc[j] = _mm512_setzero_si512();
-  const int64_t full = K / 64;
-  for (int64_t c = 0; c <= full; ++c) {
-    const int64_t left = K - 64 * c;
-    if (left <= 0) break;
-    const __mmask64 mask = left >= 64 ? ~0ULL : ((1ULL << left) - 1ULL);
+  const int8_t* wr[R];
+  QUANTA_UNROLL
+  for (int r = 0; r < R; ++r) wr[r] = w + rows[r] * K;
+  const int64_t nchunks = (K + 63) / 64, full = K / 64, ahead = R * K;
+  const __mmask64 tail = K % 64 ? (1ULL << (K % 64)) - 1ULL : ~0ULL;
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const __mmask64 mask = c < full ? ~0ULL : tail;
+    __m512i xv[MB];
+    QUANTA_UNROLL
+    for (int m = 0; m < MB; ++m) xv[m] = _mm512_loadu_si512(xr[m] + 64 * c);
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
-      prefetch_next_rows(w + rows[r] * K + 64 * c, R * K);
-      const __m512i wv = _mm512_maskz_loadu_epi8(mask, w + rows[r] * K + 64 * c);
-      for (int m = 0; m < MB; ++m)
-        acc[r * MB + m] = _mm512_dpbusd_epi32(acc[r * MB + m], _mm512_loadu_si512(xr[m] + 64 * c), wv);
+      prefetch_next_rows(wr[r] + 64 * c, ahead);
+      const __m512i wv = _mm512_maskz_loadu_epi8(mask, wr[r] + 64 * c);
+      QUANTA_UNROLL
+      for (int m = 0; m < MB; ++m) acc[r * MB + m] = _mm512_dpbusd_epi32(acc[r * MB + m], xv[m], wv);
     }
   }
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) out[j] = _mm512_reduce_add_epi32(acc[j]);
 }
 
@@ -1520,10 +1588,12 @@ template <int R, int MB>
 QUANTA_AVX2 void dot_i8_avx2(const int8_t* w, int64_t K, const int64_t* rows, const uint8_t* const* xr,
                              int32_t* out) {
   __m256i acc[R * MB];
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) acc[j] = _mm256_setzero_si256();
   alignas(16) int8_t tmp[16];
   for (int64_t c = 0; 16 * c < K; ++c) {
     const int64_t left = K - 16 * c;
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       const int8_t* p = w + rows[r] * K + 16 * c;
       if ((c & 3) == 0) prefetch_next_rows(p, R * K);
@@ -1533,16 +1603,19 @@ QUANTA_AVX2 void dot_i8_avx2(const int8_t* w, int64_t K, const int64_t* rows, co
         p = tmp;
       }
       const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) {
         const __m256i xv = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[m] + 16 * c)));
         acc[r * MB + m] = _mm256_add_epi32(acc[r * MB + m], _mm256_madd_epi16(xv, wv));
       }
     }
   }
+  QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) {
     alignas(32) int32_t t[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(t), acc[j]);
     int32_t s = 0;
+    QUANTA_UNROLL
     for (int i = 0; i < 8; ++i) s += t[i];
     out[j] = s;
   }
