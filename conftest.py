@@ -1,5 +1,6 @@
 """Shared pytest setup: doctests see ``torch`` without importing it, and the
-files their examples write (``tempfile.mkdtemp()``) go under pytest's own
+files that code run by the tests writes with ``tempfile`` (doctests' and the
+documentation pages' examples, ``tempfile.mkdtemp()``) go under pytest's own
 temporary directory, which pytest prunes, not into the system's ``/tmp``."""
 
 import tempfile
@@ -8,13 +9,14 @@ import pytest
 import torch
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tempfile_under_pytest(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tempfile")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(autouse=True)
-def _doctest_namespace(request, doctest_namespace):
+def _doctest_namespace(doctest_namespace):
     doctest_namespace["torch"] = torch
-    if isinstance(request.node, pytest.DoctestItem):
-        mp = pytest.MonkeyPatch()
-        mp.setattr(tempfile, "tempdir", str(request.getfixturevalue("tmp_path")))
-        yield
-        mp.undo()
-    else:
-        yield
