@@ -11,10 +11,9 @@ import torch
 
 @pytest.fixture(scope="session", autouse=True)
 def _tempfile_under_pytest(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tempfile")))
-    yield
-    mp.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("tempfile")))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -276,11 +276,12 @@ def _compiled_step(torch, model, index: int, module_guards: bool):
     """
     import types
 
+    if module_guards:
+        return torch.compile(model, dynamic=False)
+
     def step(**kw):
         return model(**kw)
 
-    if module_guards:
-        return torch.compile(model, dynamic=False)
     own = types.FunctionType(step.__code__.replace(co_name=f"decode_step_{index}"), step.__globals__,
                              f"decode_step_{index}", None, step.__closure__)
     return torch.compile(own, dynamic=False, fullgraph=True,

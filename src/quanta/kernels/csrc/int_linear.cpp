@@ -396,18 +396,18 @@ QUANTA_AVX2 void block_avx2_pass_int8(const Int8Rows& src, const int64_t* rows, 
   __m256 lo[R * MB], hi[R * MB];
   for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
   const int8_t* rp[R];
-  #pragma GCC unroll 16
+  QUANTA_UNROLL
   for (int r = 0; r < R; ++r) rp[r] = src.w + rows[r] * src.K;
   const int64_t full = std::min<int64_t>(nchunks, src.K / 16);
   for (int64_t c = 0; c < full; ++c) {
-    #pragma GCC unroll 16
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       const int8_t* p = rp[r] + 16 * c;
       if ((c & 3) == 0) prefetch_next_rows(p, R * src.K);
       const __m256 wl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
       const __m256 wh =
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
-      #pragma GCC unroll 16
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) {
         const float* x = xr[m] + 16 * c;
         lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
@@ -416,11 +416,11 @@ QUANTA_AVX2 void block_avx2_pass_int8(const Int8Rows& src, const int64_t* rows, 
     }
   }
   for (int64_t c = full; c < nchunks; ++c) {
-    #pragma GCC unroll 16
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       __m256 wl, wh;
       chunk_avx2(src, rows[r], c, wl, wh);
-      #pragma GCC unroll 16
+      QUANTA_UNROLL
       for (int m = 0; m < MB; ++m) {
         const float* x = xr[m] + 16 * c;
         lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
@@ -446,7 +446,7 @@ QUANTA_AVX2 inline void sz_avx2(const Int4Rows& src, int64_t n, int64_t k, __m25
 template <int MB>
 QUANTA_AVX2 __attribute__((always_inline)) inline void fma_chunk_avx2(const float* const* xr, int64_t k, __m256 wl,
                                                                       __m256 wh, __m256* lo, __m256* hi) {
-  #pragma GCC unroll 16
+  QUANTA_UNROLL
   for (int m = 0; m < MB; ++m) {
     lo[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k), wl, lo[m]);
     hi[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k + 8), wh, hi[m]);
@@ -466,7 +466,7 @@ QUANTA_AVX2 void block_avx2_pass_int4_b64(const Int4Rows& src, const int64_t* ro
   for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
   const __m256i nibble = _mm256_set1_epi32(15);
   const uint8_t* rp[R];
-  #pragma GCC unroll 16
+  QUANTA_UNROLL
   for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
   prefetch_next_scales(src, rows[R - 1], R);
   int64_t group = -1;
@@ -476,14 +476,14 @@ QUANTA_AVX2 void block_avx2_pass_int4_b64(const Int4Rows& src, const int64_t* ro
     const int64_t g = std::min<int64_t>(k0 >> src.gshift, src.ngroups - 1);
     if (g != group) {
       group = g;
-      #pragma GCC unroll 16
+      QUANTA_UNROLL
       for (int r = 0; r < R; ++r) sz_avx2(src, rows[r], k0, sa[r], za[r]);
     }
     if (SPLIT) {
-      #pragma GCC unroll 16
+      QUANTA_UNROLL
       for (int r = 0; r < R; ++r) sz_avx2(src, rows[r], k0 + 32, sb[r], zb[r]);
     }
-    #pragma GCC unroll 16
+    QUANTA_UNROLL
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = rp[r] + 32 * b;
       if ((b & 1) == 0) prefetch_next_rows(p, R * src.row_bytes);
@@ -862,8 +862,10 @@ QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows,
   __m512 Y[R * MB], P[R * MB], Q[SPLIT ? R * MB : 1];
   QUANTA_UNROLL
   for (int j = 0; j < R * MB; ++j) Y[j] = P[j] = _mm512_setzero_ps();
-  if (SPLIT)
+  if (SPLIT) {
+    QUANTA_UNROLL
     for (int j = 0; j < R * MB; ++j) Q[j] = _mm512_setzero_ps();
+  }
   const uint8_t* rp[R];
   QUANTA_UNROLL
   for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
