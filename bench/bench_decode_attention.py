@@ -6,7 +6,10 @@ ratio, and the cache's read bandwidth (bytes of keys and values over the call's 
 function (argument checks included); ``quanta op`` the registered op a compiled graph calls. Outputs are
 checked against float32 attention (within bfloat16's half step) before anything is timed.
 
-    python bench/bench_decode_attention.py [--threads 2] [--contexts 128 512 1024 4096]
+A second table does the same on a preallocated cache (transformers' ``StaticCache``: ``--cache-len`` slots,
+the first S filled, the rest masked), as a compiled decode loop calls it.
+
+    python bench/bench_decode_attention.py [--threads 2] [--contexts 128 512 1024 4096] [--cache-len 4096]
 
 Not a test: nothing asserts on time.
 """
@@ -33,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 4096])
+    ap.add_argument("--cache-len", type=int, default=4096, help="slots of the preallocated cache (second table)")
     args = ap.parse_args()
 
     import torch
@@ -63,6 +67,24 @@ def main() -> None:
         raw = _time(lambda: op(q, k, v, 0.125, None), reps)
         gbs = (k.numel() + v.numel()) * 2 / raw / 1e9
         print(f"| {s} | {sdpa * 1e6:.0f} | {ours * 1e6:.0f} | {raw * 1e6:.0f} | {sdpa / ours:.1f} | {gbs:.1f} |")
+
+    n = args.cache_len
+    print(f"\npreallocated cache of {n} slots, the first S filled (boolean key mask, as transformers' StaticCache)")
+    print("| filled S | SDPA us | quanta op us | SDPA / quanta op |")
+    print("|---|---|---|---|")
+    k = torch.randn(1, 4, n, 64, generator=g).to(torch.bfloat16)
+    v = torch.randn(1, 4, n, 64, generator=g).to(torch.bfloat16)
+    for s in (c for c in args.contexts if c <= n):
+        live = torch.arange(n) < s
+        want = F.scaled_dot_product_attention(q.float(), k[:, :, :s].float(), v[:, :, :s].float(),
+                                              enable_gqa=True).transpose(1, 2)
+        err = float((op(q, k, v, 0.125, live[None]).float() - want).abs().max())
+        if err > 2.0**-7 * float(v.abs().max()):
+            raise SystemExit(f"decode_attention on a preallocated cache differs by {err} at S = {s}")
+        reps = max(20, 20000 // n)
+        sdpa = _time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=live[None, None, None], enable_gqa=True), reps)
+        raw = _time(lambda: op(q, k, v, 0.125, live[None]), reps)
+        print(f"| {s} | {sdpa * 1e6:.0f} | {raw * 1e6:.0f} | {sdpa / raw:.1f} |")
 
 
 if __name__ == "__main__":

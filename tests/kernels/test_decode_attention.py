@@ -130,3 +130,23 @@ def test_a_row_with_every_key_masked_gives_nan():
     mask[1] = False
     got = decode_attention(q, k, v, mask=mask)
     assert torch.isfinite(got[0]).all() and torch.isnan(got[1]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_preallocated_cache_gives_the_bits_of_its_filled_part(dtype):
+    # A static cache: 100 slots, row 0 filled to 37 and row 1 to 70 (with a masked hole), the rest garbage. The
+    # kernel stops at each row's last live key: row 0 must give exactly the bits of its filled part passed alone
+    # without a mask (nothing skipped there), row 1 the attention over its live keys.
+    q, k, v = _case(2, 8, 2, 100, 64, dtype, seed=10)
+    mask = torch.zeros(2, 100, dtype=torch.bool)
+    mask[0, :37] = True
+    mask[1, :70] = True
+    mask[1, 20:25] = False
+    clean_k, clean_v = k.clone(), v.clone()
+    k[~mask[:, None, :, None].expand_as(k)] = float("nan")
+    v[~mask[:, None, :, None].expand_as(v)] = float("inf")
+    got = decode_attention(q, k, v, mask=mask)
+    assert torch.equal(got[:1], decode_attention(q[:1], k[:1, :, :37], v[:1, :, :37]))
+    live = mask[1].nonzero().flatten()
+    want = _exact(q[1:], clean_k[1:, :, live], clean_v[1:, :, live])
+    assert float((got[1:].double() - want).abs().max()) <= _TOL[dtype] * float(clean_v.abs().max()) + 1e-6

@@ -7,7 +7,8 @@ attention: the ``Hq / Hkv`` query heads of a group read the group's keys and val
 
 in float32 (the softmax with its maximum subtracted), rounded once to the inputs' dtype. An optional
 boolean ``mask [B or 1, S]`` keeps the keys where it is True (padding, or the unfilled slots of a static
-cache); a row with no key left gives NaN. Other masks belong to
+cache); a row with no key left gives NaN. The kernel reads a row's keys only up to its last kept one,
+so a large preallocated cache costs what its filled part costs. Other masks belong to
 ``torch.nn.functional.scaled_dot_product_attention``. The native kernel (``csrc/decode_attention.cpp``,
 built with quanta's integer-linear kernels) takes tens of microseconds where torch's SDPA takes
 0.2-0.5 ms for this shape on CPU; without the extension :func:`decode_attention_reference` runs.

@@ -10,7 +10,8 @@
 //   Z[h]    = sum_t p[h][t]: 16 partial sums (lane l takes t = 16c + l, in increasing c), then the tree
 //             t8[i] = a[i] + a[i+8], t4[i] = t8[i] + t8[i+4], t2[i] = t4[i] + t4[i+2], Z = t2[0] + t2[1]
 //   out[h][d] = (p[h][0] v[0][d] + p[h][1] v[1][d] + ..., increasing t) / Z[h], rounded once to the input dtype.
-// Masked keys and values are never used (a static cache's unfilled slots may hold anything). The arithmetic is
+// Masked keys and values are never used (a static cache's unfilled slots may hold anything), and the keys after a
+// row's last live one are not visited at all (see live_length). The arithmetic is
 // written with 16-lane vectors (GCC's vector extension, elementwise IEEE operations, no contraction: the library is
 // compiled with -ffp-contract=off), so each instruction set that target_clones builds for (AVX-512, AVX2, baseline)
 // gives the same bits; exp is the polynomial below (not libm's) for the same reason. torch's own
@@ -195,6 +196,16 @@ QUANTA_CLONES void weighted_values(const float* __restrict p, const float* __res
   }
 }
 
+// The keys a batch row reads: up to its last live one. The masked keys after it (a static cache's unfilled
+// slots) would only add probabilities of exactly 0 to every sum, so leaving them out gives the same bits; a row
+// with no live key keeps all S (its result is what it was).
+inline int64_t live_length(const bool* live, int64_t S) {
+  if (!live) return S;
+  int64_t n = S;
+  while (n > 0 && !live[n - 1]) --n;
+  return n > 0 ? n : S;
+}
+
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const bool* mask,
          int64_t mask_batch_stride, at::Tensor& out) {
@@ -231,10 +242,11 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
       const T* kb = kp + b * k.stride(0) + g * k.stride(1);
       const T* vb = vp + b * v.stride(0) + g * v.stride(1);
       const bool* live = mask ? mask + b * mask_batch_stride : nullptr;
-      for (int64_t t0 = 0; t0 < Sp; t0 += 16) {  // 16 keys to float, then transposed into kt's columns t0..
+      const int64_t Sb = live_length(live, S), Spb = round_up16(Sb);
+      for (int64_t t0 = 0; t0 < Spb; t0 += 16) {  // 16 keys to float, then transposed into kt's columns t0..
         for (int64_t t = t0; t < t0 + 16; ++t) {
           float* key = kblk + (t - t0) * Dp;
-          if (t >= S || (live && !live[t])) {  // zero keys: finite scores, replaced by -inf after
+          if (t >= Sb || (live && !live[t])) {  // zero keys: finite scores, replaced by -inf after
             std::memset(key, 0, Dp * sizeof(float));
             continue;
           }
@@ -244,9 +256,9 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
         }
         transpose_keys(kblk, Dp, kt + t0, ld);
       }
-      scores(qf, kt, G, Sp, D, ld, probs);
-      softmax_numerators(probs, live, G, S, Sp, sc, z);
-      weighted_values(probs, vf, live, z, G, S, Sp, Dp, acc);
+      scores(qf, kt, G, Spb, D, ld, probs);
+      softmax_numerators(probs, live, G, Sb, Spb, sc, z);
+      weighted_values(probs, vf, live, z, G, Sb, Spb, Dp, acc);
       for (int64_t h = 0; h < G; ++h)
         for (int64_t d = 0; d < D; ++d)  // out is [B, 1, Hq, D]
           op[(b * Hq + g * G + h) * D + d] = static_cast<T>(acc[h * Dp + d]);
