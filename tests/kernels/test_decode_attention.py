@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from quanta.kernels import int_linear_native as native
-from quanta.kernels.decode_attention import decode_attention, decode_attention_reference
+from quanta.kernels.decode_attention import (decode_attention, decode_attention_int8, decode_attention_reference,
+                                             dequantize_int8_states)
 
 _TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
@@ -150,3 +151,64 @@ def test_preallocated_cache_gives_the_bits_of_its_filled_part(dtype):
     live = mask[1].nonzero().flatten()
     want = _exact(q[1:], clean_k[1:, :, live], clean_v[1:, :, live])
     assert float((got[1:].double() - want).abs().max()) <= _TOL[dtype] * float(clean_v.abs().max()) + 1e-6
+
+
+def _int8_case(b, hkv, s, d, seed, capacity=None):
+    """int8 codes and per-token scales as an Int8KVCache holds them: views of [B, H, capacity, D] buffers."""
+    g = torch.Generator().manual_seed(seed)
+    cap = capacity or s
+    codes = torch.randint(-127, 128, (2, b, hkv, cap, d), dtype=torch.int8, generator=g)
+    scales = torch.rand(2, b, hkv, cap, generator=g) / 50 + 1e-3
+    return codes[0, :, :, :s], scales[0, :, :, :s], codes[1, :, :, :s], scales[1, :, :, :s]
+
+
+@pytest.mark.parametrize("b,hq,hkv,s,d", [(1, 32, 4, 130, 64), (2, 8, 8, 1, 16), (3, 6, 2, 37, 80), (2, 2, 2, 5, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int8_cache_gives_the_bits_of_its_dequantized_states(b, hq, hkv, s, d, dtype):
+    q = _case(b, hq, hkv, 1, d, dtype, seed=s)[0]
+    kc, ks, vc, vs = _int8_case(b, hkv, s, d, seed=s + d, capacity=s + 9)
+    k, v = dequantize_int8_states(kc, ks, dtype), dequantize_int8_states(vc, vs, dtype)
+    got = decode_attention_int8(q, kc, ks, vc, vs)
+    assert got.dtype == dtype and got.shape == (b, 1, hq, d)
+    assert torch.equal(got, decode_attention(q, k, v))
+    assert torch.equal(decode_attention_int8(q, kc, ks, vc, vs, scale=0.3), decode_attention(q, k, v, scale=0.3))
+    with native.disabled():
+        assert torch.equal(decode_attention_int8(q, kc, ks, vc, vs), decode_attention_reference(q, k, v))
+
+
+def test_int8_cache_with_a_mask_never_reads_masked_slots():
+    q = _case(2, 8, 2, 1, 32, torch.bfloat16, seed=11)[0]
+    kc, ks, vc, vs = _int8_case(2, 2, 40, 32, seed=12)
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[0, 30:] = False
+    mask[1, 5:9] = False
+    k, v = dequantize_int8_states(kc, ks, q.dtype), dequantize_int8_states(vc, vs, q.dtype)
+    want = decode_attention(q, k, v, mask=mask)
+    ks, vs = ks.clone(), vs.clone()
+    ks[~mask[:, None, :].expand_as(ks)] = float("nan")  # an unfilled slot's scale may hold anything
+    vs[~mask[:, None, :].expand_as(vs)] = float("inf")
+    assert torch.equal(decode_attention_int8(q, kc, ks, vc, vs, mask=mask), want)
+
+
+@pytest.mark.skipif(native.ops() is None, reason=f"native kernels {native.status()}")
+def test_int8_cache_threads_do_not_change_the_bits(at_thread_counts):
+    q = _case(3, 16, 4, 1, 64, torch.bfloat16, seed=13)[0]
+    kc, ks, vc, vs = _int8_case(3, 4, 200, 64, seed=14)
+    outs = at_thread_counts(lambda: decode_attention_int8(q, kc, ks, vc, vs), (1, 2, 3))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("bad,err,match", [
+    (lambda q, kc, ks, vc, vs: (q, kc.short(), ks, vc, vs), TypeError, "key_codes must be torch.int8"),
+    (lambda q, kc, ks, vc, vs: (q, kc, ks.half(), vc, vs), TypeError, "key_scales must be torch.float32"),
+    (lambda q, kc, ks, vc, vs: (q, kc, ks[:, :, :4], vc, vs), ValueError, r"scales must be \[batch, kv_heads, tokens\]"),
+    (lambda q, kc, ks, vc, vs: (q, kc, ks, vc, vs[..., None]), ValueError, "value_scales must be a 3-d"),
+    (lambda q, kc, ks, vc, vs: (q, kc, ks, vc[:, :, :4], vs[:, :, :4]), ValueError, "key and value"),
+    (lambda q, kc, ks, vc, vs: (q.int(), kc, ks, vc, vs), TypeError, "query must be"),
+    (lambda q, kc, ks, vc, vs: (q[:, :3], kc, ks, vc, vs), ValueError, "multiple of key/value heads"),
+    (lambda q, kc, ks, vc, vs: (q, kc.numpy(), ks, vc, vs), TypeError, "key_codes must be a torch.Tensor"),
+])
+def test_int8_cache_bad_input(bad, err, match):
+    q = _case(1, 4, 2, 1, 16, torch.float32, seed=15)[0]
+    with pytest.raises(err, match=match):
+        decode_attention_int8(*bad(q, *_int8_case(1, 2, 9, 16, seed=16)))

@@ -101,3 +101,42 @@ def test_other_masks_and_gradients_fall_back_to_sdpa(counted):
         model(ids[:, :4], cache=cache, use_cache=True)
     out = model(ids[:, 4:], cache=cache, use_cache=True)  # gradients on: SDPA
     assert out.logits.requires_grad and counted == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_kv_cache_decodes_on_its_codes_with_the_bits_of_its_dequantized_cache(monkeypatch, dtype):
+    from quanta.quantization.kv_cache import Int8KVCache, Int8KVLayer
+
+    register()
+    model = _llama(seed=2, attn_implementation="quanta_cpu").to(dtype)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
+    calls = []
+    real_int8 = cpu_attention.decode_attention_int8
+    monkeypatch.setattr(cpu_attention, "decode_attention_int8",
+                        lambda *a, **k: calls.append(a[1].shape) or real_int8(*a, **k))
+
+    def decode(cache):
+        with torch.no_grad():
+            model(ids[:, :-1], cache=cache, use_cache=True)
+            return model(ids[:, -1:], cache=cache, use_cache=True).logits
+
+    fused = decode(Int8KVCache(model.config))
+    assert calls == [(1, 2, 10, 8)] * 2  # the decode step of both layers read the codes: 10 cached tokens
+    real_update = Int8KVLayer.update
+    monkeypatch.setattr(Int8KVLayer, "update", lambda self, k, v, *a, **kw: tuple(
+        s.dequantize() for s in real_update(self, k, v, *a, **kw)))
+    assert torch.equal(fused, decode(Int8KVCache(model.config)))  # attention over the dequantized tensors
+    assert len(calls) == 2
+
+
+def test_int8_kv_cache_generation_equals_sdpa_over_the_same_cache():
+    from quanta.quantization.kv_cache import Int8KVCache
+
+    register()
+    model = _llama(seed=3, attn_implementation="sdpa")
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        want = model.generate(prompt, cache=Int8KVCache(model.config), max_new_tokens=8, do_sample=False)
+        model.set_attn_implementation("quanta_cpu")
+        got = model.generate(prompt, cache=Int8KVCache(model.config), max_new_tokens=8, do_sample=False)
+    assert torch.equal(got, want)

@@ -500,7 +500,9 @@ def quantize_per_token_int8(x: torch.Tensor, *, symmetric: bool = True
     ``zero_point`` None. Asymmetric (``_int8_asymm_per_token_quant``):
     ``s = max((max⁺ - min⁻) / 255, eps_fp32)`` as float32, ``z = clamp(-128 - round(min⁻ / s), -128, 127)``
     as int8, ``q = clamp(round(x * (1/s)) + z, -128, 127)``. ``scale`` and ``zero_point``
-    have shape ``[M]``. A non-finite row raises ``ValueError`` (its codes would be NaN).
+    have shape ``[M]``. A non-finite row raises ``ValueError`` (its codes would be NaN). Symmetric float32
+    input (an int8 KV cache's tokens, a float32 model's activations) runs in the native kernels when they are
+    built, in one pass per row with the same formulas, and the same bits (tested); the rest runs as torch ops.
 
     >>> q, s, z = quantize_per_token_int8(torch.tensor([[0.5, -1.27], [2.54, 0.0]]))
     >>> q, s, z
@@ -514,6 +516,14 @@ def quantize_per_token_int8(x: torch.Tensor, *, symmetric: bool = True
         raise ValueError(f"x must be a [M, K] matrix with K > 0, got shape {tuple(x.shape)}")
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    if symmetric and x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad \
+            and not torch.compiler.is_compiling():
+        lib = _native.ops()
+        if lib is not None:
+            q, scale = lib.quantize_per_token_int8(x.contiguous())
+            if bool(torch.isfinite(scale).all()):
+                return q, scale, None
+            # a non-finite row: the path below raises its error
     m = x.shape[0]
     layout = full_block_layout(tuple(x.shape), (1, x.shape[1]))
     mn, mx = _zp.include_zero(*block_min_max(x, layout))

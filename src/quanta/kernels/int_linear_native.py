@@ -135,6 +135,8 @@ def _register_fakes() -> None:
         lambda qx, zx, sx, w, sw, colsum, bias, out_dtype: qx.new_empty((qx.shape[0], w.shape[0]), dtype=out_dtype))
     register_fake("quanta_cpu::decode_attention")(
         lambda q, k, v, scale, mask: q.new_empty((q.shape[0], 1, q.shape[1], q.shape[3])))
+    register_fake("quanta_cpu::decode_attention_int8")(
+        lambda q, kc, ks, vc, vs, scale, mask: q.new_empty((q.shape[0], 1, q.shape[1], q.shape[3])))
 
 
 class _Depth(threading.local):

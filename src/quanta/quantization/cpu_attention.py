@@ -8,7 +8,9 @@ for one token is a flag per cached key: padding, a static cache's empty slots, a
 :func:`quanta.kernels.decode_attention.decode_attention` (float32 inside, tens of microseconds); everything else
 (prompts, other masks, dropout, attention sinks, ``output_attentions``, calls with gradients enabled) goes to
 transformers' own SDPA path unchanged, and so do its masks (the SDPA mask builder is registered under the same
-name).
+name). With :class:`quanta.quantization.kv_cache.Int8KVCache`, decode steps run
+:func:`quanta.kernels.decode_attention.decode_attention_int8` on the cache's int8 codes (same bits as attention
+over the dequantized cache, half the bytes read).
 
 Needs transformers 5 (its attention and mask interfaces); quanta itself does not import this module.
 
@@ -40,7 +42,8 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without transformers
     raise ImportError("quanta.quantization.cpu_attention needs transformers >= 5 (pip install transformers)") from e
 
-from quanta.kernels.decode_attention import decode_attention
+from quanta.kernels.decode_attention import decode_attention, decode_attention_int8
+from quanta.quantization.kv_cache import Int8KVStates
 
 __all__ = ["ATTENTION_NAME", "quanta_cpu_attention", "register"]
 
@@ -78,10 +81,17 @@ def quanta_cpu_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     """transformers' attention-function signature: ``query [B, Hq, T, D]``, ``key``/``value [B, Hkv, S, D]``;
     returns ``([B, T, Hq, D], None)``. Decode steps (see the module docstring) run quanta's kernel, every other
     call ``transformers.integrations.sdpa_attention.sdpa_attention_forward`` with the same arguments."""
+    int8 = isinstance(key, Int8KVStates) and isinstance(value, Int8KVStates)
     if _is_plain_decode(module, query, key, dropout, kwargs):
         ours, mask = _key_mask(attention_mask, query, key)
+        if ours and int8:  # an Int8KVCache: the kernel reads the codes
+            return decode_attention_int8(query, key.codes, key.scales, value.codes, value.scales, scaling, mask), None
         if ours:
             return decode_attention(query, key, value, scaling, mask), None
+    if isinstance(key, Int8KVStates):  # dequantized once here, not by each operation SDPA applies
+        key = key.dequantize()
+    if isinstance(value, Int8KVStates):
+        value = value.dequantize()
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   **kwargs)
 

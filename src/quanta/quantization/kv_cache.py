@@ -7,8 +7,13 @@ batch row, head and token, symmetric over the head dimension (torchao's per-toke
 
     s = max(amax|x| / 127, 1e-5)        q = clamp(round(x / s), -127, 127)        x' = q * s
 
-and hands attention the dequantized states, one layer at a time, in the model's dtype. Per head of ``d``
-channels that is ``d + 4`` bytes a token instead of ``2 d`` in bfloat16 (0.53x at ``d = 64``, 0.52x at 128).
+Per head of ``d`` channels that is ``d + 4`` bytes a token instead of ``2 d`` in bfloat16 (0.53x at ``d = 64``,
+0.52x at 128). A layer hands attention its states as :class:`Int8KVStates`: tensors of the model's dtype and the
+cache's shape whose data are the codes and scales. quanta's decode attention (``attn_implementation="quanta_cpu"``,
+:mod:`quanta.quantization.cpu_attention`) reads the codes directly (one byte a value: a decode step reads half
+the bytes of a bfloat16 cache); any other attention, and quanta's for prompts, sees the dequantized values
+``q * s`` rounded to the model's dtype (the first operation on an :class:`Int8KVStates` dequantizes it). Both
+give the same bits.
 Tokens are quantized once, when they enter the cache, and never again (their scales are their own), so a
 prompt given at once and the same prompt given token by token leave identical caches.
 
@@ -41,9 +46,55 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without transformers
     raise ImportError("quanta.quantization.kv_cache needs transformers >= 5 (pip install transformers)") from e
 
+from torch.utils._pytree import tree_map
+
+from quanta.kernels.decode_attention import dequantize_int8_states
 from quanta.kernels.int_linear import quantize_per_token_int8
 
-__all__ = ["Int8KVCache", "Int8KVLayer"]
+__all__ = ["Int8KVCache", "Int8KVLayer", "Int8KVStates"]
+
+
+class Int8KVStates(torch.Tensor):
+    """A layer's cached keys or values as attention receives them: a ``[B, H, S, D]`` tensor of the model's
+    dtype whose data are int8 ``codes [B, H, S, D]`` and float32 per-token ``scales [B, H, S]``.
+
+    Its shape, dtype and device are the dequantized tensor's. :meth:`dequantize` returns
+    ``dequantize_int8_states(codes, scales, dtype)``; any torch operation on it runs on that dequantized tensor
+    (so every attention implementation works unchanged), while quanta's decode attention reads the codes.
+
+    >>> codes, scales = torch.tensor([[[[100, -3]]]], dtype=torch.int8), torch.tensor([[[0.01]]])
+    >>> states = Int8KVStates(codes, scales, torch.bfloat16)
+    >>> states.shape, states.dtype
+    (torch.Size([1, 1, 1, 2]), torch.bfloat16)
+    >>> states * 2
+    tensor([[[[ 2.0000, -0.0601]]]], dtype=torch.bfloat16)
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> "Int8KVStates":
+        return torch.Tensor._make_wrapper_subclass(cls, codes.shape, dtype=dtype, device=codes.device)
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
+        self.codes, self.scales = codes, scales
+
+    def dequantize(self) -> torch.Tensor:
+        """The values as a plain tensor of this tensor's dtype."""
+        return dequantize_int8_states(self.codes, self.scales, self.dtype)
+
+    def __repr__(self, **kwargs: Any) -> str:
+        return f"Int8KVStates({self.dequantize()!r})"
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def plain(a):
+            return a.dequantize() if isinstance(a, Int8KVStates) else a
+
+        return func(*tree_map(plain, args), **tree_map(plain, kwargs or {}))
 
 
 class _Int8States:
@@ -76,10 +127,10 @@ class _Int8States:
         self.scales[:, :, self.length:needed] = s.view(b, h, t)
         self.length = needed
 
-    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        # q * s on the int8 grid: no rounding or clamping to do (equal to quanta.kernels.affine.dequantize)
+    def states(self, dtype: torch.dtype) -> Int8KVStates:
+        """The filled part, as attention receives it."""
         n = self.length
-        return (self.codes[:, :, :n].to(torch.float32) * self.scales[:, :, :n, None]).to(dtype)
+        return Int8KVStates(self.codes[:, :, :n], self.scales[:, :, :n], dtype)
 
     def apply(self, fn) -> None:
         """Apply ``fn`` (a batch-dimension operation) to the filled part of the cache."""
@@ -101,7 +152,7 @@ class _Int8States:
 
 class Int8KVLayer(DynamicLayer):
     """One decoder layer's int8 key/value cache (see the module docstring). ``keys``/``values`` stay None: the
-    states live as codes and scales, and :meth:`update` returns them dequantized."""
+    states live as codes and scales, and :meth:`update` returns them as :class:`Int8KVStates`."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -118,13 +169,15 @@ class Int8KVLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Quantize the new states into the cache; return every cached token's keys and values, dequantized."""
+               ) -> tuple[Int8KVStates, Int8KVStates]:
+        """Quantize the new states into the cache; return every cached token's keys and values (as
+        :class:`Int8KVStates`: dequantized by the first operation on them, read as codes by quanta's decode
+        attention)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self._keys.append(key_states)
         self._values.append(value_states)
-        return self._keys.dequantized(key_states.dtype), self._values.dequantized(value_states.dtype)
+        return self._keys.states(key_states.dtype), self._values.states(value_states.dtype)
 
     def get_seq_length(self) -> int:
         return self._keys.length if self.is_initialized else 0

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -206,17 +207,64 @@ inline int64_t live_length(const bool* live, int64_t S) {
   return n > 0 ? n : S;
 }
 
+// The rows of a key or value cache [B, Hkv, S, D] (head dimension contiguous), as float32:
+// PlainRows: a T tensor, converted exactly.
 template <typename T>
-void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const bool* mask,
+struct PlainRows {
+  const T* p;
+  int64_t sb, sh, st;
+  explicit PlainRows(const at::Tensor& t)
+      : p(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), st(t.stride(2)) {}
+  void row(int64_t b, int64_t g, int64_t t, int64_t D, float* dst) const { to_float(p + b * sb + g * sh + t * st, D, dst); }
+};
+
+// float(T(float(c[i]) * sc)) for i < D, in loops GCC vectorizes (its vector-extension conversion from int8 was
+// scalarized). bfloat16: round to nearest even on the bits, NaN to c10's quiet NaN 0x7FC0, as c10::BFloat16's
+// conversion does; float16 element by element.
+template <typename T>
+QUANTA_CLONES void dequantize_row(const int8_t* __restrict c, float sc, int64_t D, float* __restrict dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t i = 0; i < D; ++i) dst[i] = static_cast<float>(c[i]) * sc;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    for (int64_t i = 0; i < D; ++i) {
+      const float f = static_cast<float>(c[i]) * sc;
+      uint32_t u;
+      std::memcpy(&u, &f, sizeof u);
+      const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+      u = (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : rounded;
+      std::memcpy(dst + i, &u, sizeof u);
+    }
+  } else {
+    for (int64_t i = 0; i < D; ++i) dst[i] = static_cast<float>(static_cast<T>(static_cast<float>(c[i]) * sc));
+  }
+}
+
+// Int8Rows: int8 codes with one float32 scale per token, dequantized to the model's dtype T and widened:
+// float(T(float(code) * scale)), the values the cache's dequantized T tensors hold, so attention over them gives
+// the bits of attention over those tensors.
+template <typename T>
+struct Int8Rows {
+  const int8_t* p;
+  int64_t sb, sh, st;
+  const float* s;
+  int64_t ssb, ssh, sst;
+  Int8Rows(const at::Tensor& codes, const at::Tensor& scales)
+      : p(codes.data_ptr<int8_t>()), sb(codes.stride(0)), sh(codes.stride(1)), st(codes.stride(2)),
+        s(scales.data_ptr<float>()), ssb(scales.stride(0)), ssh(scales.stride(1)), sst(scales.stride(2)) {}
+  void row(int64_t b, int64_t g, int64_t t, int64_t D, float* dst) const {
+    dequantize_row<T>(p + b * sb + g * sh + t * st, s[b * ssb + g * ssh + t * sst], D, dst);
+  }
+};
+
+template <typename T, typename Rows>
+void run(const at::Tensor& q, const Rows& kr, const Rows& vr, int64_t Hkv, int64_t S, double scale, const bool* mask,
          int64_t mask_batch_stride, at::Tensor& out) {
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(3);
   const int64_t G = Hq / Hkv, Sp = round_up16(S), Dp = round_up16(D);
   // Rows of the transposed keys: 16 floats more than the padded length, so that rows 4 KiB apart (S = 1024)
   // do not all fall into the same L1 sets (the transposing writes otherwise ran 10x slower).
   const int64_t ld = Sp + 16;
   const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const float sc = static_cast<float>(scale);
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
@@ -239,8 +287,6 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
       const int64_t b = bg / Hkv, g = bg % Hkv;
       for (int64_t h = 0; h < G; ++h)
         to_float(qp + b * q.stride(0) + (g * G + h) * q.stride(1), D, qf + h * D);
-      const T* kb = kp + b * k.stride(0) + g * k.stride(1);
-      const T* vb = vp + b * v.stride(0) + g * v.stride(1);
       const bool* live = mask ? mask + b * mask_batch_stride : nullptr;
       const int64_t Sb = live_length(live, S), Spb = round_up16(Sb);
       for (int64_t t0 = 0; t0 < Spb; t0 += 16) {  // 16 keys to float, then transposed into kt's columns t0..
@@ -250,8 +296,8 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
             std::memset(key, 0, Dp * sizeof(float));
             continue;
           }
-          to_float(kb + t * k.stride(2), D, key);
-          to_float(vb + t * v.stride(2), D, vf + t * Dp);
+          kr.row(b, g, t, D, key);
+          vr.row(b, g, t, D, vf + t * Dp);
           for (int64_t d = D; d < Dp; ++d) key[d] = vf[t * Dp + d] = 0.0f;
         }
         transpose_keys(kblk, Dp, kt + t0, ld);
@@ -266,6 +312,16 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double s
   });
 }
 
+// The mask's pointer and batch stride (0 for a [1, S] mask), checked against S keys.
+std::pair<const bool*, int64_t> mask_of(const c10::optional<at::Tensor>& mask, const at::Tensor& q, int64_t S) {
+  if (!mask.has_value()) return {nullptr, 0};
+  const at::Tensor& m = *mask;
+  TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(1) == S && m.stride(1) == 1 &&
+                  (m.size(0) == 1 || m.size(0) == q.size(0)),
+              "quanta_cpu: mask must be bool [B or 1, S] with a contiguous last dimension");
+  return {m.data_ptr<bool>(), m.size(0) == 1 ? 0 : m.stride(0)};
+}
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             const c10::optional<at::Tensor>& mask) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "quanta_cpu: q, k, v must be [B, H, T, D]");
@@ -277,22 +333,53 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "quanta_cpu: q, k, v must share one dtype");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "quanta_cpu: the head dimension must be "
               "contiguous");
-  const bool* mp = nullptr;
-  int64_t mstride = 0;
-  if (mask.has_value()) {
-    const at::Tensor& m = *mask;
-    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(1) == k.size(2) && m.stride(1) == 1 &&
-                    (m.size(0) == 1 || m.size(0) == q.size(0)),
-                "quanta_cpu: mask must be bool [B or 1, S] with a contiguous last dimension");
-    mp = m.data_ptr<bool>();
-    mstride = m.size(0) == 1 ? 0 : m.stride(0);
-  }
+  const auto [mp, mstride] = mask_of(mask, q, k.size(2));
   at::Tensor out = at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());
+  const int64_t Hkv = k.size(1), S = k.size(2);
   switch (q.scalar_type()) {
-    case at::kFloat: run<float>(q, k, v, scale, mp, mstride, out); break;
-    case at::kBFloat16: run<c10::BFloat16>(q, k, v, scale, mp, mstride, out); break;
-    case at::kHalf: run<c10::Half>(q, k, v, scale, mp, mstride, out); break;
+    case at::kFloat: run<float>(q, PlainRows<float>(k), PlainRows<float>(v), Hkv, S, scale, mp, mstride, out); break;
+    case at::kBFloat16:
+      run<c10::BFloat16>(q, PlainRows<c10::BFloat16>(k), PlainRows<c10::BFloat16>(v), Hkv, S, scale, mp, mstride, out);
+      break;
+    case at::kHalf:
+      run<c10::Half>(q, PlainRows<c10::Half>(k), PlainRows<c10::Half>(v), Hkv, S, scale, mp, mstride, out);
+      break;
     default: TORCH_CHECK(false, "quanta_cpu: decode_attention takes float32, bfloat16 or float16, got ",
+                         q.scalar_type());
+  }
+  return out;
+}
+
+// Keys and values as int8 codes [B, Hkv, S, D] (head dimension contiguous) with float32 scales [B, Hkv, S]: the
+// attention over their dequantized values in q's dtype, read straight from the codes.
+at::Tensor decode_attention_int8(const at::Tensor& q, const at::Tensor& kc, const at::Tensor& ks, const at::Tensor& vc,
+                                 const at::Tensor& vs, double scale, const c10::optional<at::Tensor>& mask) {
+  TORCH_CHECK(q.dim() == 4 && kc.dim() == 4 && vc.dim() == 4, "quanta_cpu: q, k codes, v codes must be [B, H, T, D]");
+  TORCH_CHECK(q.size(2) == 1, "quanta_cpu: decode_attention takes one query token, got ", q.size(2));
+  TORCH_CHECK(kc.sizes() == vc.sizes() && kc.size(0) == q.size(0) && kc.size(3) == q.size(3) && kc.size(2) >= 1,
+              "quanta_cpu: k and v codes must be [B, Hkv, S >= 1, D] like q");
+  TORCH_CHECK(q.size(1) % kc.size(1) == 0, "quanta_cpu: query heads must be a multiple of key/value heads");
+  TORCH_CHECK(kc.scalar_type() == at::kChar && vc.scalar_type() == at::kChar, "quanta_cpu: k and v codes must be int8");
+  TORCH_CHECK(q.stride(3) == 1 && kc.stride(3) == 1 && vc.stride(3) == 1, "quanta_cpu: the head dimension must be "
+              "contiguous");
+  for (const at::Tensor* s : {&ks, &vs})
+    TORCH_CHECK(s->scalar_type() == at::kFloat && s->dim() == 3 && s->sizes() == kc.sizes().slice(0, 3),
+                "quanta_cpu: k and v scales must be float32 [B, Hkv, S]");
+  const auto [mp, mstride] = mask_of(mask, q, kc.size(2));
+  at::Tensor out = at::empty({q.size(0), 1, q.size(1), q.size(3)}, q.options());
+  const int64_t Hkv = kc.size(1), S = kc.size(2);
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      run<float>(q, Int8Rows<float>(kc, ks), Int8Rows<float>(vc, vs), Hkv, S, scale, mp, mstride, out);
+      break;
+    case at::kBFloat16:
+      run<c10::BFloat16>(q, Int8Rows<c10::BFloat16>(kc, ks), Int8Rows<c10::BFloat16>(vc, vs), Hkv, S, scale, mp,
+                         mstride, out);
+      break;
+    case at::kHalf:
+      run<c10::Half>(q, Int8Rows<c10::Half>(kc, ks), Int8Rows<c10::Half>(vc, vs), Hkv, S, scale, mp, mstride, out);
+      break;
+    default: TORCH_CHECK(false, "quanta_cpu: decode_attention_int8 takes a float32, bfloat16 or float16 query, got ",
                          q.scalar_type());
   }
   return out;
@@ -302,6 +389,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 TORCH_LIBRARY_FRAGMENT(quanta_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale, Tensor? mask) -> Tensor");
+  m.def("decode_attention_int8(Tensor q, Tensor k_codes, Tensor k_scales, Tensor v_codes, Tensor v_scales, "
+        "float scale, Tensor? mask) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(quanta_cpu, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(quanta_cpu, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("decode_attention_int8", &decode_attention_int8);
+}

@@ -41,6 +41,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -1726,6 +1728,43 @@ at::Tensor int8_dynamic_linear(const at::Tensor& qx, const c10::optional<at::Ten
   return y;
 }
 
+// torchao's symmetric per-token int8 quantization of a float32 [M, K] matrix (quanta.kernels.int_linear.
+// quantize_per_token_int8, its reference), row by row in float32:
+//   a = max(-min(min_k x, 0), max(max_k x, 0)),  s = max(a / 127, 1e-5),  q = clamp(rint(x * (1 / s)), -127, 127)
+// A row holding NaN gets s = NaN, one holding an infinity s = inf (their codes are written 0): the caller raises.
+std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(),
+              "quanta_cpu: x must be a contiguous CPU float32 [M, K] matrix");
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor s = at::empty({M}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = s.data_ptr<float>();
+  at::parallel_for(0, M, std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const float* r = xp + m * K;
+      float lo = 0.0f, hi = 0.0f;
+      bool nan = false;
+      for (int64_t k = 0; k < K; ++k) {
+        nan |= r[k] != r[k];
+        lo = std::min(lo, r[k]);
+        hi = std::max(hi, r[k]);
+      }
+      float sc = std::max(-lo, hi) / 127.0f;
+      sc = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(sc, 1e-5f);
+      sp[m] = sc;
+      const float inv = 1.0f / sc;
+      int8_t* out = qp + m * K;
+      for (int64_t k = 0; k < K; ++k) {
+        const float c = std::nearbyint(r[k] * inv);
+        out[k] = c != c ? 0 : static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, c)));
+      }
+    }
+  });
+  return {q, s};
+}
+
 int64_t set_isa_limit(int64_t level) {
   TORCH_CHECK(level >= PORTABLE && level <= AVX512_BF16, "quanta_cpu: isa level must be 0, 1, 2 or 3");
   g_isa_limit.store(level);
@@ -1744,6 +1783,7 @@ TORCH_LIBRARY(quanta_cpu, m) {
         "Tensor? bias) -> Tensor");
   m.def("int8_dynamic_linear(Tensor qx, Tensor? zx, Tensor sx, Tensor w, Tensor sw, Tensor colsum, Tensor? bias, "
         "ScalarType out_dtype) -> Tensor");
+  m.def("quantize_per_token_int8(Tensor x) -> (Tensor, Tensor)");
   m.def("set_isa_limit(int level) -> int", &set_isa_limit);
   m.def("cpu_isa() -> int", &cpu_isa);
   m.def("current_isa() -> int", &current_isa);
@@ -1754,5 +1794,6 @@ TORCH_LIBRARY_IMPL(quanta_cpu, CPU, m) {
   m.impl("int8_weight_only_linear", &int8_weight_only_linear);
   m.impl("int4_weight_only_linear", &int4_weight_only_linear);
   m.impl("int8_dynamic_linear", &int8_dynamic_linear);
+  m.impl("quantize_per_token_int8", &quantize_per_token_int8);
 }
 
