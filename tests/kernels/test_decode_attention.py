@@ -201,7 +201,8 @@ def test_int8_cache_threads_do_not_change_the_bits(at_thread_counts):
 @pytest.mark.parametrize("bad,err,match", [
     (lambda q, kc, ks, vc, vs: (q, kc.short(), ks, vc, vs), TypeError, "key_codes must be torch.int8"),
     (lambda q, kc, ks, vc, vs: (q, kc, ks.half(), vc, vs), TypeError, "key_scales must be torch.float32"),
-    (lambda q, kc, ks, vc, vs: (q, kc, ks[:, :, :4], vc, vs), ValueError, r"scales must be \[batch, kv_heads, tokens\]"),
+    (lambda q, kc, ks, vc, vs: (q, kc, ks[:, :, :4], vc, vs), ValueError,
+     r"scales must be \[batch, kv_heads, tokens\]"),
     (lambda q, kc, ks, vc, vs: (q, kc, ks, vc, vs[..., None]), ValueError, "value_scales must be a 3-d"),
     (lambda q, kc, ks, vc, vs: (q, kc, ks, vc[:, :, :4], vs[:, :, :4]), ValueError, "key and value"),
     (lambda q, kc, ks, vc, vs: (q.int(), kc, ks, vc, vs), TypeError, "query must be"),

@@ -10,6 +10,9 @@
 //   Z[h]    = sum_t p[h][t]: 16 partial sums (lane l takes t = 16c + l, in increasing c), then the tree
 //             t8[i] = a[i] + a[i+8], t4[i] = t8[i] + t8[i+4], t2[i] = t4[i] + t4[i+2], Z = t2[0] + t2[1]
 //   out[h][d] = (p[h][0] v[0][d] + p[h][1] v[1][d] + ..., increasing t) / Z[h], rounded once to the input dtype.
+// decode_attention_int8 takes keys and values as int8 codes with a float32 scale per token (an int8 KV cache) and
+// attends to float(T(code * scale)) with T the query's dtype: the values of the cache dequantized to T, read as
+// the kernel goes (see Int8Rows), so the result has the bits of decode_attention over the dequantized cache.
 // Masked keys and values are never used (a static cache's unfilled slots may hold anything), and the keys after a
 // row's last live one are not visited at all (see live_length). The arithmetic is
 // written with 16-lane vectors (GCC's vector extension, elementwise IEEE operations, no contraction: the library is
@@ -215,7 +218,9 @@ struct PlainRows {
   int64_t sb, sh, st;
   explicit PlainRows(const at::Tensor& t)
       : p(t.data_ptr<T>()), sb(t.stride(0)), sh(t.stride(1)), st(t.stride(2)) {}
-  void row(int64_t b, int64_t g, int64_t t, int64_t D, float* dst) const { to_float(p + b * sb + g * sh + t * st, D, dst); }
+  void row(int64_t b, int64_t g, int64_t t, int64_t D, float* dst) const {
+    to_float(p + b * sb + g * sh + t * st, D, dst);
+  }
 };
 
 // float(T(float(c[i]) * sc)) for i < D, in loops GCC vectorizes (its vector-extension conversion from int8 was
