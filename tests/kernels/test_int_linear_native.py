@@ -380,15 +380,17 @@ _PER_TOKEN_ROWS = [
     torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -2.5, -127.0]]),  # scale exactly 1: ties round to even
     torch.zeros(2, 5),                                              # scale clamps to 1e-5
     torch.full((1, 3), 3e-7),
-    torch.tensor([[3e38, -3.4e38, 1.0]]),                          # near float32's end
+    torch.tensor([[3e38, -3.3e38, 1.0]]),                          # near the end of float32 and bfloat16
     torch.tensor([[1e-42, -5e-43, 0.0]]),                          # subnormal
     torch.randn(4, 5632, generator=_gen(41)),
     torch.randn(50, 33, generator=_gen(42)) * torch.logspace(-20, 20, 50)[:, None],
 ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("x", _PER_TOKEN_ROWS, ids=lambda x: f"{tuple(x.shape)}")
-def test_native_per_token_quantization_gives_the_torch_ops_bits(x):
+def test_native_per_token_quantization_gives_the_torch_ops_bits(x, dtype):
+    x = x.to(dtype)
     got = quantize_per_token_int8(x)
     with native.disabled():
         want = quantize_per_token_int8(x)
@@ -402,9 +404,9 @@ def test_native_per_token_quantization_hypothesis():
 
     @settings(max_examples=150, deadline=None)
     @given(arrays("float32", st.tuples(st.integers(1, 4), st.integers(1, 70)),
-                  elements=st.floats(-1e6, 1e6, width=32, allow_subnormal=True)))
-    def check(a):
-        x = torch.from_numpy(a)
+                  elements=st.floats(-1e6, 1e6, width=32, allow_subnormal=True)), st.booleans())
+    def check(a, bf16):
+        x = torch.from_numpy(a).to(torch.bfloat16 if bf16 else torch.float32)
         got = quantize_per_token_int8(x)
         with native.disabled():
             want = quantize_per_token_int8(x)
@@ -414,8 +416,9 @@ def test_native_per_token_quantization_hypothesis():
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_native_per_token_quantization_raises_on_a_non_finite_row(bad):
-    x = torch.randn(3, 8, generator=_gen(43))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_per_token_quantization_raises_on_a_non_finite_row(bad, dtype):
+    x = torch.randn(3, 8, generator=_gen(43)).to(dtype)
     x[1, 2] = bad
     with pytest.raises(ValueError, match="would be NaN"):
         quantize_per_token_int8(x)

@@ -1728,40 +1728,68 @@ at::Tensor int8_dynamic_linear(const at::Tensor& qx, const c10::optional<at::Ten
   return y;
 }
 
-// torchao's symmetric per-token int8 quantization of a float32 [M, K] matrix (quanta.kernels.int_linear.
-// quantize_per_token_int8, its reference), row by row in float32:
-//   a = max(-min(min_k x, 0), max(max_k x, 0)),  s = max(a / 127, 1e-5),  q = clamp(rint(x * (1 / s)), -127, 127)
-// A row holding NaN gets s = NaN, one holding an infinity s = inf (their codes are written 0): the caller raises.
-std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(),
-              "quanta_cpu: x must be a contiguous CPU float32 [M, K] matrix");
-  const int64_t M = x.size(0), K = x.size(1);
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  at::Tensor s = at::empty({M}, x.options());
-  const float* xp = x.data_ptr<float>();
-  int8_t* qp = q.data_ptr<int8_t>();
-  float* sp = s.data_ptr<float>();
+// torchao's symmetric per-token int8 quantization of a float32 or bfloat16 [M, K] matrix (quanta.kernels.int_linear.
+// quantize_per_token_int8, its reference), row by row, each step rounded to x's dtype T as torch's ops on T round:
+//   a = max(-min(min_k x, 0), max(max_k x, 0)),  s = max(T(a / 127), T(1e-5)),  r = T(1 / s),
+//   q = clamp(rint(T(x * r)), -127, 127)
+// A row holding NaN gets s = NaN, one holding an infinity s = inf (their codes are meaningless): the caller raises.
+// v rounded to bfloat16 (to nearest even, NaN to the quiet NaN 0x7FC0: c10::BFloat16's conversion), as a float;
+// on the bits, so that the loops below vectorize.
+inline float round_to_bf16(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  u = (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&v, &u, sizeof u);
+  return v;
+}
+
+template <typename T>
+void quantize_rows_int8(const T* xp, int64_t M, int64_t K, int8_t* qp, T* sp) {
+  const auto to_t = [](float v) {  // v in T, widened (float: unchanged)
+    if constexpr (std::is_same_v<T, float>) {
+      return v;
+    } else {
+      return round_to_bf16(v);
+    }
+  };
   at::parallel_for(0, M, std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
-      const float* r = xp + m * K;
+      const T* r = xp + m * K;
       float lo = 0.0f, hi = 0.0f;
       bool nan = false;
       for (int64_t k = 0; k < K; ++k) {
-        nan |= r[k] != r[k];
-        lo = std::min(lo, r[k]);
-        hi = std::max(hi, r[k]);
+        const float v = static_cast<float>(r[k]);
+        nan |= v != v;
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
       }
-      float sc = std::max(-lo, hi) / 127.0f;
-      sc = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(sc, 1e-5f);
-      sp[m] = sc;
-      const float inv = 1.0f / sc;
+      float sc = to_t(std::max(-lo, hi) / 127.0f);
+      sc = nan ? std::numeric_limits<float>::quiet_NaN() : std::max(sc, to_t(1e-5f));
+      sp[m] = static_cast<T>(sc);
+      const float inv = to_t(1.0f / sc);
       int8_t* out = qp + m * K;
       for (int64_t k = 0; k < K; ++k) {
-        const float c = std::nearbyint(r[k] * inv);
-        out[k] = c != c ? 0 : static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, c)));
+        // |x r| <= 127 (and a little) in a finite row: adding and taking away 1.5 * 2^23 rounds it to nearest even
+        const float v = to_t(static_cast<float>(r[k]) * inv);
+        const float c = (v + 12582912.0f) - 12582912.0f;
+        out[k] = static_cast<int8_t>(static_cast<int32_t>(std::min(127.0f, std::max(-127.0f, c))));  // NaN: -127
       }
     }
   });
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& x) {
+  TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && x.dim() == 2 &&
+                  x.is_contiguous() && x.device().is_cpu(),
+              "quanta_cpu: x must be a contiguous CPU float32 or bfloat16 [M, K] matrix");
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor s = at::empty({M}, x.options());
+  if (x.scalar_type() == at::kFloat) {
+    quantize_rows_int8(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), s.data_ptr<float>());
+  } else {
+    quantize_rows_int8(x.data_ptr<c10::BFloat16>(), M, K, q.data_ptr<int8_t>(), s.data_ptr<c10::BFloat16>());
+  }
   return {q, s};
 }
 
