@@ -524,8 +524,8 @@ def quantize_per_token_int8(x: torch.Tensor, *, symmetric: bool = True
             and not torch.compiler.is_compiling():
         lib = _native.ops()
         if lib is not None:
-            q, scale = lib.quantize_per_token_int8(x.contiguous())
-            if bool(torch.isfinite(scale).all()):
+            q, scale, nonfinite_rows = lib.quantize_per_token_int8(x.contiguous())
+            if not nonfinite_rows:
                 return q, scale, None
             # a non-finite row: the path below raises its error
     m = x.shape[0]

@@ -1778,7 +1778,8 @@ void quantize_rows_int8(const T* xp, int64_t M, int64_t K, int8_t* qp, T* sp) {
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& x) {
+// (codes, scales, rows whose scale is not finite: the caller's error, without a pass of torch ops to find it)
+std::tuple<at::Tensor, at::Tensor, int64_t> quantize_per_token_int8(const at::Tensor& x) {
   TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) && x.dim() == 2 &&
                   x.is_contiguous() && x.device().is_cpu(),
               "quanta_cpu: x must be a contiguous CPU float32 or bfloat16 [M, K] matrix");
@@ -1790,7 +1791,11 @@ std::tuple<at::Tensor, at::Tensor> quantize_per_token_int8(const at::Tensor& x) 
   } else {
     quantize_rows_int8(x.data_ptr<c10::BFloat16>(), M, K, q.data_ptr<int8_t>(), s.data_ptr<c10::BFloat16>());
   }
-  return {q, s};
+  const at::Tensor s32 = s.to(at::kFloat);
+  const float* sv = s32.data_ptr<float>();
+  int64_t bad = 0;
+  for (int64_t m = 0; m < M; ++m) bad += !std::isfinite(sv[m]);
+  return {q, s, bad};
 }
 
 int64_t set_isa_limit(int64_t level) {
@@ -1811,7 +1816,7 @@ TORCH_LIBRARY(quanta_cpu, m) {
         "Tensor? bias) -> Tensor");
   m.def("int8_dynamic_linear(Tensor qx, Tensor? zx, Tensor sx, Tensor w, Tensor sw, Tensor colsum, Tensor? bias, "
         "ScalarType out_dtype) -> Tensor");
-  m.def("quantize_per_token_int8(Tensor x) -> (Tensor, Tensor)");
+  m.def("quantize_per_token_int8(Tensor x) -> (Tensor, Tensor, int)");
   m.def("set_isa_limit(int level) -> int", &set_isa_limit);
   m.def("cpu_isa() -> int", &cpu_isa);
   m.def("current_isa() -> int", &current_isa);
