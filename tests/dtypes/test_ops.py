@@ -526,6 +526,28 @@ def test_remembered_kernel_call_follows_a_new_storage_and_copies():
     assert "_kernel_call" not in pickle.loads(pickle.dumps(other)).__dict__
 
 
+@pytest.mark.parametrize("name", _KERNEL_CASES)
+def test_remembered_kernel_call_serves_nn_linear_biases(name, monkeypatch):
+    # nn.Linear's bias is a Parameter that requires grad: without autograd (inference) the remembered call serves
+    # it; with autograd on, the dispatch path records the graph
+    _native_or_skip()
+    from quanta.dtypes import ops
+
+    w = make(name)
+    bias = torch.nn.Parameter(randn(N))
+    x = randn(2, K)
+    with torch.inference_mode():
+        want = F.linear(x, w, bias)  # chooses the kernel and remembers it
+        monkeypatch.setattr(ops, "linear", lambda *a, **k: pytest.fail("the checked path ran"))
+        assert torch.equal(F.linear(x, w, bias), want)
+    with torch.no_grad():
+        assert torch.equal(F.linear(x, w, bias), want)
+    monkeypatch.undo()
+    y = F.linear(x, w, bias)
+    y.sum().backward()
+    assert bias.grad is not None and torch.equal(y.detach(), want)
+
+
 def test_no_kernel_call_is_remembered_for_the_tiled_path():
     w = make("int8_per_row_asym")  # a nonzero zero point: the int8 kernel does not take it
     F.linear(randn(1, K), w)

@@ -154,6 +154,10 @@ def _remember_kernel(w: AQT, call) -> None:
     w.__dict__["_kernel_call"] = (w.tensor_impl, call, n, k)
 
 
+# a bias as nn.Linear holds it (a Parameter) or a plain tensor: no subclass of its own to dispatch to
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 @implements_torch_function(torch.nn.functional.linear)
 def linear_function(input, weight, bias=None):
     """``F.linear`` with a quantized weight (and a plain input and bias), else ``NotImplemented``."""
@@ -161,9 +165,9 @@ def linear_function(input, weight, bias=None):
     known = (weight.__dict__.get("_kernel_call") if not torch.compiler.is_compiling() and type(weight) is AQT
              else None)
     if (known is not None and known[0] is weight.tensor_impl and type(input) is torch.Tensor
-            and (bias is None or type(bias) is torch.Tensor) and input.dtype in _KERNEL_DTYPES
+            and (bias is None or type(bias) in _PLAIN_TENSORS) and input.dtype in _KERNEL_DTYPES
             and input.device.type == "cpu" and input.dim() > 0 and input.shape[-1] == known[3]
-            and not input.requires_grad and (bias is None or not bias.requires_grad)):
+            and not (torch.is_grad_enabled() and (input.requires_grad or (bias is not None and bias.requires_grad)))):
         out = known[1](input, weight, bias, known[2])  # what _matmul would call, without choosing it again
         if out is not None:
             return out
