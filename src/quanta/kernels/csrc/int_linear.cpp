@@ -1728,11 +1728,6 @@ at::Tensor int8_dynamic_linear(const at::Tensor& qx, const c10::optional<at::Ten
   return y;
 }
 
-// torchao's symmetric per-token int8 quantization of a float32 or bfloat16 [M, K] matrix (quanta.kernels.int_linear.
-// quantize_per_token_int8, its reference), row by row, each step rounded to x's dtype T as torch's ops on T round:
-//   a = max(-min(min_k x, 0), max(max_k x, 0)),  s = max(T(a / 127), T(1e-5)),  r = T(1 / s),
-//   q = clamp(rint(T(x * r)), -127, 127)
-// A row holding NaN gets s = NaN, one holding an infinity s = inf (their codes are meaningless): the caller raises.
 // v rounded to bfloat16 (to nearest even, NaN to the quiet NaN 0x7FC0: c10::BFloat16's conversion), as a float;
 // on the bits, so that the loops below vectorize.
 inline float round_to_bf16(float v) {
@@ -1743,6 +1738,11 @@ inline float round_to_bf16(float v) {
   return v;
 }
 
+// torchao's symmetric per-token int8 quantization of a float32 or bfloat16 [M, K] matrix (quanta.kernels.int_linear.
+// quantize_per_token_int8, its reference), row by row, each step rounded to x's dtype T as torch's ops on T round:
+//   a = max(-min(min_k x, 0), max(max_k x, 0)),  s = max(T(a / 127), T(1e-5)),  r = T(1 / s),
+//   q = clamp(rint(T(x * r)), -127, 127)
+// A row holding NaN gets s = NaN, one holding an infinity s = inf (their codes are meaningless): the caller raises.
 template <typename T>
 void quantize_rows_int8(const T* xp, int64_t M, int64_t K, int8_t* qp, T* sp) {
   const auto to_t = [](float v) {  // v in T, widened (float: unchanged)
