@@ -76,14 +76,15 @@ def main() -> None:
     v = torch.randn(1, 4, n, 64, generator=g).to(torch.bfloat16)
     for s in (c for c in args.contexts if c <= n):
         live = torch.arange(n) < s
+        op_mask, sdpa_mask = live[None], live[None, None, None]  # [B, S] for quanta, broadcastable for SDPA
         want = F.scaled_dot_product_attention(q.float(), k[:, :, :s].float(), v[:, :, :s].float(),
                                               enable_gqa=True).transpose(1, 2)
-        err = float((op(q, k, v, 0.125, live[None]).float() - want).abs().max())
+        err = float((op(q, k, v, 0.125, op_mask).float() - want).abs().max())
         if err > 2.0**-7 * float(v.abs().max()):
             raise SystemExit(f"decode_attention on a preallocated cache differs by {err} at S = {s}")
         reps = max(20, 20000 // n)
-        sdpa = _time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=live[None, None, None], enable_gqa=True), reps)
-        raw = _time(lambda: op(q, k, v, 0.125, live[None]), reps)
+        sdpa = _time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, enable_gqa=True), reps)
+        raw = _time(lambda: op(q, k, v, 0.125, op_mask), reps)
         print(f"| {s} | {sdpa * 1e6:.0f} | {raw * 1e6:.0f} | {sdpa / raw:.1f} |")
 
 

@@ -8,9 +8,10 @@ context length: a prompt of that many tokens fills the cache, then ``--decode`` 
 one at a time, with ``DynamicCache`` (bfloat16) and with :class:`quanta.quantization.kv_cache.Int8KVCache`,
 rounds interleaved, medians over rounds. Printed: the cache's bytes each way, decode tokens/s each way and
 their ratio (int8 / bf16), and the cosine between the two caches' logits at the first decode step (which
-reads the whole prompt from the cache; its input token is the same for both). Attention: ``--attn quanta_cpu`` (default) registers quanta's decode
-attention (:mod:`quanta.quantization.cpu_attention`), which reads the int8 cache's codes directly; ``--attn sdpa``
-is transformers' default, which gets the int8 cache dequantized at every step.
+reads the whole prompt from the cache; its input token is the same for both). Attention: ``--attn quanta_cpu``
+(default) registers quanta's decode attention (:mod:`quanta.quantization.cpu_attention`), which reads the int8
+cache's codes directly; ``--attn sdpa`` is transformers' default, which gets the int8 cache dequantized at every
+step.
 
 Not a test: nothing asserts on time.
 
