@@ -25,7 +25,7 @@ from quanta.quantization import (
     PerTensor,
     quantize_,
 )
-from quanta.quantization.gptq import HessianObserver, gptq_quantize, output_mse
+from quanta.quantization.gptq import HessianObserver, gptq_quantize, gptq_quantize_reference, output_mse
 from quanta.quantization.quant_primitives import MappingType
 from quanta.quantization.weight_grid import WeightGrid
 
@@ -90,6 +90,26 @@ def test_gptq_lowers_the_held_out_output_error(config, dtype):
         err_rtn = (held_out @ (rtn - w.float()).t()).pow(2).mean()
         assert err_gptq < 0.5 * err_rtn, (act_order, float(err_gptq / err_rtn))
         assert result.mse < result.rtn_mse
+
+
+@pytest.mark.parametrize("config,block_size", [(Int4WeightOnlyConfig(group_size=32), 48),
+                                               (Int4WeightOnlyConfig(group_size=128), 128),
+                                               (Int8WeightOnlyConfig(), 64),
+                                               (IntxWeightOnlyConfig(torch.int3, PerGroup(32)), 128)],
+                         ids=["int4-g32-block48", "int4-g128", "int8-per-row", "int3-g32"])
+def test_the_same_bits_as_the_textbook_algorithm(config, block_size):
+    # the column loop's shortcuts (qparams checked once per group, in-place updates, column i left out of its
+    # own update) must not change a bit
+    torch.manual_seed(3)
+    k = 256
+    lin = nn.Linear(k, 48)
+    w = lin.weight.detach()
+    obs = HessianObserver(k)
+    obs.update(_correlated(k)(512, 4))
+    result = gptq_quantize(w, obs.hessian(), WeightGrid(config, lin, w), block_size=block_size)
+    expected = gptq_quantize_reference(w, obs.hessian(), WeightGrid(config, lin, w), block_size=block_size)
+    assert result.damping == 0.01
+    assert torch.equal(result.tensor.dequantize(), expected)
 
 
 def test_the_hessian_observer_accumulates_2_x_xt_over_every_row():

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quanta.encodings.torchao import FixedAffineGrid
 from quanta.quantization import quant_primitives as qp
 from quanta.quantization.quant_primitives import (
     MappingType,
@@ -110,6 +111,46 @@ def test_quantize_dequantize_quantize_is_quantize(p):
     q = quantize_affine(x, block, s, z, dtype, qmin, qmax)
     dq = dequantize_affine(q, block, s, z, dtype, qmin, qmax)
     assert torch.equal(quantize_affine(dq, block, s, z, dtype, qmin, qmax), q)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.sampled_from(list(ZeroPointDomain)), st.sampled_from([torch.float32, torch.bfloat16]))
+def test_fixed_grid_gives_the_bits_of_quantize_and_dequantize_affine(p, domain, out_dtype):
+    # qparams checked once (GPTQ's columns), then the same kernels as the checked functions
+    x, block, mapping, target = p
+    dtype, qmin, qmax = target
+    s, z = _qparams(x, block, mapping, target)
+    if domain is ZeroPointDomain.FLOAT:
+        z = z.float() * s  # a float zero point, as HQQ / tinygemm keep it
+    grid = FixedAffineGrid(x.shape, block, s, z, dtype, qmin, qmax, zero_point_domain=domain)
+    for values in (x, x * 0.7 - 1.0):  # other values with the same qparams
+        q = quantize_affine(values, block, s, z, dtype, qmin, qmax, zero_point_domain=domain)
+        assert torch.equal(grid.quantize(values), q)
+        expected = dequantize_affine(q, block, s, z, dtype, qmin, qmax, output_dtype=out_dtype,
+                                     zero_point_domain=domain)
+        got = grid.dequantize(q, out_dtype)
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+
+def test_fixed_grid_checks_its_qparams_once_and_each_input():
+    s = torch.tensor([[0.1], [0.2]])
+    with pytest.raises(ValueError, match="scale must be positive"):
+        FixedAffineGrid((2, 4), (1, 4), torch.tensor([[0.1], [0.0]]), None, torch.int8)
+    with pytest.raises(ValueError, match="makes 2 blocks"):
+        FixedAffineGrid((2, 4), (1, 4), torch.tensor([0.1, 0.2, 0.3]), None, torch.int8)
+    with pytest.raises(ValueError, match="FLOAT needs a zero_point"):
+        FixedAffineGrid((2, 4), (1, 4), s, None, torch.uint4, zero_point_domain=ZeroPointDomain.FLOAT)
+    with pytest.raises(ValueError, match="unsupported quantized dtype"):
+        FixedAffineGrid((2, 4), (1, 4), s, None, torch.float32)
+    grid = FixedAffineGrid((2, 4), (1, 4), s, None, torch.int4)
+    with pytest.raises(ValueError, match=r"input must have shape \(2, 4\), got \(2, 3\)"):
+        grid.quantize(torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="input"):
+        grid.quantize(torch.zeros(2, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"codes must be torch.int8 of shape \(2, 4\)"):
+        grid.dequantize(torch.zeros(2, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="output_dtype must be one of"):
+        grid.dequantize(grid.quantize(torch.zeros(2, 4)), torch.int32)
 
 
 @settings(max_examples=150, deadline=None)

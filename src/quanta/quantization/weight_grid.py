@@ -41,6 +41,7 @@ from torch import nn
 from quanta.dtypes import AffineQuantizedTensor, Float8Layout, FloatxTensorCoreLayout
 from quanta.dtypes.linear_activation import LinearActivationQuantizedTensor
 from quanta.dtypes.tensor_impl import impl_class_for
+from quanta.encodings.torchao import FixedAffineGrid
 from quanta.quantization import quant_primitives as P
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class WeightGrid:
         self._template_qparams = (self.scale.clone(), None if zp is None else self.zero_point.clone())
         self._code_dtype = None if self.is_float else t.tensor_impl.storage_plain()[0].dtype
         self._fitted = torch.zeros(self.num_groups, dtype=torch.bool)
-        self._column_params: dict[int, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
+        self._column_params: dict[int, tuple[torch.Tensor, Optional[torch.Tensor], Optional[FixedAffineGrid]]] = {}
         if self.num_groups == 1:
             self._fitted[:] = True
 
@@ -131,11 +132,20 @@ class WeightGrid:
     def _params(self, first: int, count: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Full-size qparams ``[N, count]`` of columns ``first .. first + count - 1``."""
         if count == 1:  # GPTQ's column by column: one expansion per group
-            group = first // self.group_columns
-            if group not in self._column_params:
-                self._column_params[group] = self._params_of(first, 1)
-            return self._column_params[group]
+            return self._column_params_of(first // self.group_columns)[:2]
         return self._params_of(first, count)
+
+    def _column_params_of(self, group: int) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[FixedAffineGrid]]:
+        """A column of group ``group``: its qparams ``[N, 1]`` and, on an integer grid, those checked once."""
+        if group not in self._column_params:
+            scale, zp = self._params_of(group * self.group_columns, 1)
+            fixed = None
+            if not self.is_float:
+                t = _affine(self.template)
+                fixed = FixedAffineGrid((self.shape[0], 1), (1, 1), scale, zp, self._code_dtype, t.quant_min,
+                                        t.quant_max, zero_point_domain=t.zero_point_domain)
+            self._column_params[group] = (scale, zp, fixed)
+        return self._column_params[group]
 
     def _params_of(self, first: int, count: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         groups = torch.arange(first, first + count) // self.group_columns
@@ -161,6 +171,10 @@ class WeightGrid:
 
     def fake_quantize(self, values: torch.Tensor, first: int) -> torch.Tensor:
         """``values`` (columns ``first ..`` of the weight, ``[N, c]``) on the grid, in float32."""
+        if values.shape[1] == 1:
+            fixed = self._column_params_of(first // self.group_columns)[2]
+            if fixed is not None:  # the same kernels as below, without re-checking the qparams at every column
+                return fixed.dequantize(fixed.quantize(values.to(self.dtype)), self.dtype).float()
         scale, zp = self._params(first, values.shape[1])
         codes = self._codes(values, scale, zp)
         t = _affine(self.template)
