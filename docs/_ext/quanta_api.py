@@ -20,6 +20,7 @@ import builtins
 import functools
 import importlib
 import inspect
+import sys
 import typing
 
 from docutils import nodes
@@ -110,6 +111,7 @@ def home_of(modname: str, name: str) -> str:
 
 
 @functools.cache
+@functools.cache  # read for every documented constant, over every quanta module
 def _attr_docs(modname: str) -> dict[str, str]:
     """name -> the ``#:`` comment or string literal that documents a constant assigned in ``modname``."""
     try:
@@ -132,9 +134,11 @@ def _doc_of_data(modname: str, name: str) -> str:
     """The documentation of a public constant: from the module exporting it, else from where it is assigned."""
     value = getattr(importlib.import_module(modname), name)
     for m in (modname, *_all_quanta_modules()):
-        doc = _attr_docs(m).get(name)
-        if doc and getattr(importlib.import_module(m), name, None) is value:
-            return doc
+        # the value came from a module importing ``modname`` loaded; only those holding it are parsed
+        if getattr(sys.modules.get(m), name, None) is value:
+            doc = _attr_docs(m).get(name)
+            if doc:
+                return doc
     return ""
 
 
