@@ -148,7 +148,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, grid: WeightGrid,
     inputs = torch.empty_like(w)      # the values each column had when it was quantized
     for b0 in range(0, k, block_size):
         b1 = min(b0 + block_size, k)
-        # the block transposed: a column is a contiguous row (strided columns of a 1 MB block cost 4x as much)
+        # the block transposed: a column is a contiguous row (the strided columns of a [2048, 128] block made
+        # each column's ops several times slower)
         wt = w[:, b0:b1].t().contiguous()
         qt, errors_t = torch.empty_like(wt), torch.empty_like(wt)
         ub = u[b0:b1, b0:b1]
@@ -158,8 +159,10 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, grid: WeightGrid,
             if perm is None and grid.num_groups > 1 and col % g == 0:
                 # the group's qparams from its columns as they are now (later ones in w, not yet in this block)
                 ahead = col + g - b1
-                cols = wt[i:i + g].t().contiguous() if ahead <= 0 else torch.cat([wt[i:].t(), w[:, b1:b1 + ahead]],
-                                                                                 dim=1)
+                if ahead <= 0:
+                    cols = wt[i:i + g].t().contiguous()
+                else:
+                    cols = torch.cat([wt[i:].t(), w[:, b1:b1 + ahead]], dim=1)
                 grid.fit(col // g, cols)
             x = wt[i].unsqueeze(1)
             q = grid.fake_quantize(x, orig).to(w.dtype)
@@ -170,7 +173,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, grid: WeightGrid,
             wt[i + 1:] -= ub[i, i + 1:].unsqueeze(1) * err
         inputs[:, b0:b1] = wt.t()
         quantized[:, b0:b1] = qt.t()
-        w[:, b1:] -= errors_t.t().contiguous() @ u[b0:b1, b1:]
+        w[:, b1:] -= errors_t.t().contiguous() @ u[b0:b1, b1:]  # the layout of the textbook's matmul: its bits
 
     if perm is not None:
         inv = torch.argsort(perm)
@@ -184,7 +187,6 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, grid: WeightGrid,
     hess = hessian.to(h.dtype)
     rtn = grid.config.quantize_weight(weight.detach(), grid.module).dequantize().to(h.dtype)
     return GPTQResult(tensor, output_mse(deq - ref, hess), output_mse(rtn - ref, hess), damp, notes)
-
 
 
 def gptq_quantize_reference(weight: torch.Tensor, hessian: torch.Tensor, grid: WeightGrid, *,
