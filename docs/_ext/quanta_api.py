@@ -111,7 +111,6 @@ def home_of(modname: str, name: str) -> str:
 
 
 @functools.cache
-@functools.cache  # read for every documented constant, over every quanta module
 def _attr_docs(modname: str) -> dict[str, str]:
     """name -> the ``#:`` comment or string literal that documents a constant assigned in ``modname``."""
     try:
