@@ -204,7 +204,7 @@ def test_int4_cpu_codes_round_trip(n, group):
     assert torch.equal(got.to(torch.int32), codes)
     assert torch.equal(s, scale.to(torch.bfloat16)) and torch.equal(z, zero.to(torch.bfloat16))
     assert impl.packed_weight.dtype == torch.uint8 and impl.packed_weight.numel() == n * k // 2
-    assert impl.scale_and_zero.shape == (k // group, n, 2)
+    assert impl.scale_and_zero.shape == (n // 16, k // group, 2, 16)
 
 
 def test_int4_cpu_impl_needs_zero_point_and_2d():

@@ -16,6 +16,7 @@ from quanta.kernels.int_linear import (
     check_int4_cpu_shape,
     int4_cpu_linear,
     int4_cpu_packed_shape,
+    int4_cpu_scale_and_zero_shape,
     int8_dynamic_activation_linear,
     int8_weight_col_sums,
     int8_weight_only_linear,
@@ -217,8 +218,10 @@ def test_int4_cpu_group_sizes_and_tails(n, k, gs):
 def test_int4_pack_unpack_round_trip(n, k, gs):
     codes, scale, zero = _int4_weight(n, k, gs, seed=n)
     packed, sz = pack_int4_cpu(codes, scale, zero, gs)
-    assert packed.shape == int4_cpu_packed_shape(n, k) == (n, 32 * -(-k // 64)) and packed.dtype == torch.uint8
-    assert sz.shape == (-(-k // gs), n, 2) and sz.dtype == torch.bfloat16
+    assert packed.shape == int4_cpu_packed_shape(n, k) == (-(-n // 16), 512 * -(-k // 64))
+    assert packed.dtype == torch.uint8
+    assert sz.shape == int4_cpu_scale_and_zero_shape(n, k, gs) == (-(-n // 16), -(-k // gs), 2, 16)
+    assert sz.dtype == torch.bfloat16
     c2, s2, z2 = unpack_int4_cpu(packed, sz, gs, n, k)
     assert c2.dtype == torch.uint8 and torch.equal(c2, codes)
     assert torch.equal(s2, scale.to(torch.bfloat16)) and torch.equal(z2, zero.to(torch.bfloat16))
@@ -226,12 +229,21 @@ def test_int4_pack_unpack_round_trip(n, k, gs):
 
 
 def test_int4_packing_is_documented_and_machine_independent():
-    codes = torch.zeros(1, 70, dtype=torch.uint8)
-    codes[0, 0], codes[0, 32], codes[0, 31], codes[0, 63], codes[0, 64] = 1, 2, 3, 4, 5
-    packed, _ = pack_int4_cpu(codes, torch.ones(1, 3), torch.zeros(1, 3), 32)
-    row = packed[0].tolist()
-    assert row[0] == 0x21 and row[31] == 0x43 and row[32] == 0x85  # k=64 low, padding code 8 high
-    assert row[33:] == [0x80] * 5 + [0x88] * 26
+    codes = torch.zeros(17, 70, dtype=torch.uint8)
+    codes[0, :8] = torch.tensor([1, 2, 3, 4, 5, 6, 7, 9])  # row 0, line 0
+    codes[2, 8], codes[2, 15], codes[16, 69] = 10, 11, 12  # row 2, line 1; row 16 (tile 1), line 8
+    scale, zero = torch.arange(51.0).reshape(17, 3) + 1, -torch.arange(51.0).reshape(17, 3)
+    packed, sz = pack_int4_cpu(codes, scale, zero, 32)
+    assert packed.shape == (2, 1024) and sz.shape == (2, 3, 2, 16)
+    t0, t1 = packed[0].tolist(), packed[1].tolist()
+    # row r's word at byte 4 r of each 64-byte line: bytes (k0 | k2 << 4), (k4 | k6 << 4), (k1 | k3 << 4), (k5 | k7 << 4)
+    assert t0[0:4] == [0x31, 0x75, 0x42, 0x96] and t0[4:8] == [0, 0, 0, 0]
+    assert t0[64 + 8:64 + 12] == [0x0A, 0, 0, 0xB0]  # k = 8 at byte 0's low nibble, k = 15 at byte 3's high
+    assert t1[8 * 64:8 * 64 + 4] == [0x00, 0x80, 0x00, 0x8C]  # k = 64..69, then padding codes 8 (k = 70, 71)
+    assert t1[8 * 64 + 4:8 * 64 + 8] == [0x88] * 4  # row 17: a padding row, all codes 8
+    # (scale, zero) of tile t, group g: 16 scales then 16 zeros; padding rows 0
+    assert sz[0, 1, 0, :3].tolist() == [2.0, 5.0, 8.0] and sz[0, 1, 1, :3].tolist() == [-1.0, -4.0, -7.0]
+    assert sz[1, 2, 0, :2].tolist() == [51.0, 0.0] and sz[1, 2, 1, :2].tolist() == [-50.0, 0.0]
 
 
 def test_int4_fp16_result_just_below_fp16_max_is_exact():

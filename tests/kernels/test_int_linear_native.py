@@ -101,7 +101,7 @@ def test_int4_every_isa_same_bits(m, n, k, group_size):
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     results = _per_isa(lambda: int4_cpu_linear(x, packed, sz, group_size, n))
     _assert_all_equal(results)
-    w_deq = ref.int4_dequantize_reference(packed, sz, group_size, k).double()
+    w_deq = ref.int4_dequantize_reference(packed, sz, group_size, n, k).double()
     _assert_within_bound(results[_ISAS[0]], x, w_deq, None, torch.bfloat16)
 
 
@@ -133,7 +133,7 @@ def test_int4_group_sizes_64_and_256_every_isa(group_size):
         x = torch.randn(m, k, generator=g)
         results = _per_isa(lambda: int4_cpu_linear(x, packed, sz, group_size, n))
         _assert_all_equal(results)
-        w_deq = ref.int4_dequantize_reference(packed, sz, group_size, k).double()
+        w_deq = ref.int4_dequantize_reference(packed, sz, group_size, n, k).double()
         _assert_within_bound(results[_ISAS[0]], x, w_deq, None, torch.float32)
 
 
@@ -159,9 +159,9 @@ def test_int4_bf16_path_within_its_bound(m, n, k, group_size):
     with native.force_isa("avx512_bf16"):
         y = int4_cpu_linear(x, packed, sz, group_size, n)
     gi = torch.arange(k) // group_size
-    s, z = sz[:, :, 0].t().double()[:, gi], sz[:, :, 1].t().double()[:, gi]
+    s, z = (t.double()[:, gi] for t in ref.unpack_int4_scale_zero(sz, n))
     mag = (s * (codes.double() - 8)).abs() + z.abs()
-    _assert_within_bound(y, x, ref.int4_dequantize_reference(packed, sz, group_size, k).double(), None,
+    _assert_within_bound(y, x, ref.int4_dequantize_reference(packed, sz, group_size, n, k).double(), None,
                          torch.bfloat16, extra_terms=8, w_mag=mag)
 
 

@@ -134,5 +134,6 @@ class Int4CPULayout(Layout):
 
     Holds ``(code - 8) * scale + zero`` weights (zero point in the float domain,
     torchao's tinygemm convention) with one scale/zero per ``group_size``
-    elements of a row, stored together as bf16 ``[K // group_size, N, 2]``.
+    elements of a row, stored together as bf16 ``[ceil(N / 16), ceil(K / group_size), 2, 16]``
+    beside the codes in tiles of 16 rows (:func:`quanta.kernels.int_linear.pack_int4_cpu`).
     """

@@ -29,7 +29,13 @@ from quanta.dtypes.layouts import (
     PlainLayout,
     UintxLayout,
 )
-from quanta.kernels.int_linear import check_int4_cpu_shape, int4_cpu_packed_shape, pack_int4_cpu, unpack_int4_cpu
+from quanta.kernels.int_linear import (
+    check_int4_cpu_shape,
+    int4_cpu_packed_shape,
+    int4_cpu_scale_and_zero_shape,
+    pack_int4_cpu,
+    unpack_int4_cpu,
+)
 from quanta.kernels.packing import pack_bits, packed_nbytes, unpack_bits
 
 __all__ = [
@@ -353,7 +359,8 @@ class FloatxAQTTensorImpl(AQTTensorImpl):
 class Int4CPUAQTTensorImpl(AQTTensorImpl):
     """uint4 codes packed for quanta's int4 CPU kernel (:class:`~quanta.dtypes.Int4CPULayout`).
 
-    ``scale_and_zero`` is bf16 ``[K // group_size, N, 2]``; ``plain()`` returns
+    ``scale_and_zero`` is bf16 ``[ceil(N / 16), ceil(K / group_size), 2, 16]`` (see
+    :func:`~quanta.kernels.int_linear.pack_int4_cpu`); ``plain()`` returns
     codes as int32 in [0, 15] and scale/zero point ``[N, K // group_size]``.
     """
 
@@ -417,7 +424,7 @@ class Int4CPUAQTTensorImpl(AQTTensorImpl):
         n, k = self.storage_shape
         check_int4_cpu_shape(n, k, self.group_size)
         expected = [("packed_weight", int4_cpu_packed_shape(n, k), (torch.uint8,)),
-                    ("scale_and_zero", (k // self.group_size, n, 2), (torch.bfloat16, torch.float32, torch.float16))]
+                    ("scale_and_zero", int4_cpu_scale_and_zero_shape(n, k, self.group_size), (torch.bfloat16,))]
         for name, shp, dtypes in expected:
             t = getattr(self, name)
             if t is None or tuple(t.shape) != shp or t.dtype not in dtypes:

@@ -10,9 +10,10 @@ per-call linear that does no weight-sized work besides reading the weight::
 The kernels live in ``csrc/int_linear.cpp``, built at first use and cached
 (:mod:`quanta.kernels.int_linear_native`), and run on torch's own thread pool.
 Decode-sized inputs (fewer than 8 rows) take a vectorised GEMV that converts the
-weights in registers as they stream past; larger inputs take a GEMM that
-dequantizes a panel of weights into a cache (transposed) and keeps a 6 x 64
-output tile in registers. AVX-512, AVX2 and a portable C++ path are chosen at
+weights in registers as they stream past (int4: one weight row per vector lane,
+16 rows of a tile at once, the tile's codes one sequential stream); larger
+inputs take a GEMM that dequantizes a panel of weights into a cache (transposed)
+and keeps a 6 x 64 output tile in registers. AVX-512, AVX2 and a portable C++ path are chosen at
 run time and give the same bits (tested; :func:`quanta.kernels.int_linear_native.force_isa`).
 On CPUs with AVX512-BF16 (``vdpbf16ps``: AMD Zen 4 and later, Intel Cooper Lake,
 Sapphire Rapids and later), bfloat16 activations take faster paths with their own
@@ -28,10 +29,11 @@ are applied in float32, and the output is rounded to ``x``'s dtype once. The
 error against the exact result is that of a float32 dot product:
 ``|y - y_exact| <= (K + 2) * 2**-24 * sum_k |x_k w_k|`` plus the final rounding
 (``2**-8`` relative for bfloat16, ``2**-11`` for float16); float16 overflows only
-where the true result does. The order: GEMV rows (M < 8) sum each output in
-16 lanes (lane ``l`` takes ``k = 16c + l``) added by a fixed tree; the GEMM sums
-each output as one chain over ``k``. So the two row counts may differ in the
-last bits; each is reproducible on every CPU. The int8 dynamic path's integer
+where the true result does. The order: int8 GEMV rows (M < 8) sum each output in
+16 lanes (lane ``l`` takes ``k = 16c + l``) added by a fixed tree; int4 GEMV rows
+in four chains ``a_j`` over the ``k = j mod 4`` in increasing order, then
+``(a_0 + a_1) + (a_2 + a_3)``; the GEMM sums each output as one chain over ``k``.
+So the two row counts may differ in the last bits; each is reproducible on every CPU. The int8 dynamic path's integer
 part is exact, and its scaling is the reference's, so it matches
 :func:`quanta.kernels.int_linear_reference.int8_dynamic_reference` bit for bit;
 from 32 rows on, its integer part is torch's blocked int8 GEMM (``torch._int_mm``,
@@ -61,9 +63,10 @@ error bound stays a float32 one:
   plus the output rounding (``|s (c - 8)| + |z|`` may exceed ``|w|`` where they cancel).
 
 These orders differ from the common paths' in the last bits (a bfloat16 output
-rarely shows it), and int4 decode rows (lanes and a tree, as above) from int4
-prefill rows (one chain per output); each is reproducible across thread counts
-and the rows of a call. ``force_isa("avx512")`` runs the common paths on such a CPU.
+rarely shows it), and int4 decode rows from int4 prefill rows: decode sums
+``P_g`` in four chains (the pairs ``(8l + 2j, 8l + 2j + 1)`` of each 8-k line ``l``
+into chain ``j``, added as ``(P_0 + P_1) + (P_2 + P_3)``), prefill in one chain per
+output; each is reproducible across thread counts and the rows of a call. ``force_isa("avx512")`` runs the common paths on such a CPU.
 
 The activation quantization of the dynamic path is torchao's (0.15), computed
 by the torchao-convention kernels in :mod:`quanta.kernels.zero_point`:
@@ -109,6 +112,7 @@ __all__ = [
     "int4_cpu_linear",
     "int4_cpu_linear_prepared",
     "int4_cpu_packed_shape",
+    "int4_cpu_scale_and_zero_shape",
     "int8_dynamic_activation_linear",
     "int8_weight_col_sums",
     "int8_weight_only_linear",
@@ -125,7 +129,8 @@ _INT8_PACK_K_MULTIPLE = 16  # torch._weight_int8pack_mm's constraint (the fallba
 _BF16_ALIGN = 32  # bytes: torch's int8 kernel loads 16 bfloat16 activations with aligned 256-bit loads
 _WEIGHT_ALIGN = 64
 _INT4_GROUP_SIZES = (32, 64, 128, 256)
-_INT4_BLOCK = 64  # k's per 32-byte block of the int4 packing
+_INT4_BLOCK = 64  # the int4 packing pads k to whole blocks of 64
+_INT4_TILE_ROWS = 16  # weight rows per tile of the int4 packing (one per 32-bit vector lane)
 _INT_MM_MAX_K = 65536  # |sum_k (q_x - z_x) q_w| <= 255 * 128 * K stays below 2**31
 _FP16_MAX = 65504.0
 _BF16_ROUNDED_FP16_MAX = 65536.0  # bfloat16's rounding of every value in [65408, 65792]
@@ -328,12 +333,23 @@ def check_int4_cpu_shape(n: int, k: int, group_size: int) -> None:
 
 
 def int4_cpu_packed_shape(n: int, k: int) -> tuple[int, int]:
-    """Shape of :func:`pack_int4_cpu`'s ``packed_weight`` for a ``[n, k]`` weight: ``(n, 32 * ceil(k / 64))`` bytes.
+    """Shape of :func:`pack_int4_cpu`'s ``packed_weight`` for a ``[n, k]`` weight: ``(ceil(n / 16), 8 * Kp)`` bytes.
+
+    One row per tile of 16 weight rows, ``Kp = 64 * ceil(k / 64)`` (k padded to whole 64-k blocks).
 
     >>> int4_cpu_packed_shape(4096, 4096), int4_cpu_packed_shape(7, 65)
-    ((4096, 2048), (7, 64))
+    ((256, 32768), (1, 1024))
     """
-    return (n, -(-k // _INT4_BLOCK) * (_INT4_BLOCK // 2))
+    return (-(-n // _INT4_TILE_ROWS), -(-k // _INT4_BLOCK) * _INT4_BLOCK * _INT4_TILE_ROWS // 2)
+
+
+def int4_cpu_scale_and_zero_shape(n: int, k: int, group_size: int) -> tuple[int, int, int, int]:
+    """Shape of :func:`pack_int4_cpu`'s ``scale_and_zero``: ``(ceil(n / 16), ceil(k / group_size), 2, 16)``.
+
+    >>> int4_cpu_scale_and_zero_shape(4096, 4096, 128)
+    (256, 32, 2, 16)
+    """
+    return (-(-n // _INT4_TILE_ROWS), -(-k // group_size), 2, _INT4_TILE_ROWS)
 
 
 def _check_int4_shape(n: int, k: int, group_size: object, name: str) -> int:
@@ -362,16 +378,21 @@ def pack_int4_cpu(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, 
         group_size: 32, 64, 128 or 256.
 
     Returns:
-        ``packed_weight``: uint8 ``[N, 32 * ceil(K / 64)]``: each row in blocks of
-        64 codes, 32 bytes a block, byte ``j`` holding code ``64 b + j`` in its low
-        nibble and ``64 b + 32 + j`` in its high nibble (padding codes 8). The same
-        on every machine. ``scale_and_zero``: bfloat16 ``[ceil(K / group_size), N, 2]``
-        with ``[g, n] = (scale[n, g], zero[n, g])``, rounded to bfloat16.
+        ``packed_weight``: uint8 ``[ceil(N / 16), 8 * Kp]``, ``Kp = 64 * ceil(K / 64)``:
+        one row per tile of 16 weight rows, as ``Kp / 8`` lines of 64 bytes. Line ``l``
+        holds ``k = 8 l .. 8 l + 7`` of the tile's 16 rows, row ``r`` in the 32-bit
+        word at byte ``4 r``: bits ``4 j .. 4 j + 3`` the code of ``k = 8 l + 2 j`` and
+        bits ``16 + 4 j ..`` that of ``8 l + 2 j + 1`` (j = 0..3), so that one vector
+        load gives a code of each of 16 rows per lane (padding codes 8; see
+        :func:`quanta.kernels.int_linear_reference.unpack_int4_codes`). The same on every
+        machine. ``scale_and_zero``: bfloat16 ``[ceil(N / 16), ceil(K / group_size), 2, 16]``,
+        ``[t, g, 0, r] = scale[16 t + r, g]`` and ``[t, g, 1, r] = zero[16 t + r, g]``, rounded
+        to bfloat16 (padding rows 0).
 
     >>> codes = torch.arange(16, dtype=torch.uint8).repeat(16, 2)
     >>> packed, sz = pack_int4_cpu(codes, torch.full((16, 1), 0.5), torch.zeros(16, 1), 32)
     >>> packed.shape, packed.dtype, sz.shape
-    (torch.Size([16, 32]), torch.uint8, torch.Size([1, 16, 2]))
+    (torch.Size([1, 512]), torch.uint8, torch.Size([1, 1, 2, 16]))
     """
     c = _int_tensor("codes", codes, (torch.uint8, torch.int32), 2)
     n, k = c.shape
@@ -392,13 +413,18 @@ def pack_int4_cpu(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, 
         t = t.to(torch.bfloat16)
         _check_finite(name, t, "in bfloat16 (the kernel's dtype)")
         parts.append(t)
-    scale_and_zero = torch.stack(parts, dim=-1).transpose(0, 1).contiguous()
-    row_bytes = int4_cpu_packed_shape(n, k)[1]
-    padded = torch.full((n, 2 * row_bytes), 8, dtype=torch.uint8)
-    padded[:, :k] = c
-    blocks = padded.view(n, row_bytes // 32, 2, 32)
-    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, row_bytes)
-    return _aligned(packed, _WEIGHT_ALIGN), scale_and_zero
+    tiles, tile_bytes = int4_cpu_packed_shape(n, k)
+    scale_and_zero = torch.zeros((tiles * _INT4_TILE_ROWS, groups, 2), dtype=torch.bfloat16)
+    scale_and_zero[:n] = torch.stack(parts, dim=-1)
+    scale_and_zero = scale_and_zero.view(tiles, _INT4_TILE_ROWS, groups, 2).permute(0, 2, 3, 1).contiguous()
+    kp = tile_bytes // 8
+    padded = torch.full((tiles * _INT4_TILE_ROWS, kp), 8, dtype=torch.uint8)
+    padded[:n, :k] = c
+    q = padded.view(tiles, _INT4_TILE_ROWS, kp // 8, 8).transpose(1, 2)  # [tile, line, row, k - 8 l]
+    # the row's 32-bit word, byte by byte: (k0, k2), (k4, k6), (k1, k3), (k5, k7) as (low, high) nibbles
+    words = torch.stack([q[..., 0] | (q[..., 2] << 4), q[..., 4] | (q[..., 6] << 4),
+                         q[..., 1] | (q[..., 3] << 4), q[..., 5] | (q[..., 7] << 4)], dim=-1)
+    return _aligned(words.reshape(tiles, tile_bytes), _WEIGHT_ALIGN), _aligned(scale_and_zero, _WEIGHT_ALIGN)
 
 
 def _check_int4_packed(packed_weight: object, scale_and_zero: object, group_size: object, n: int, k: int
@@ -411,7 +437,7 @@ def _check_int4_packed(packed_weight: object, scale_and_zero: object, group_size
     if not p.is_contiguous():
         raise ValueError("packed_weight must be contiguous (as pack_int4_cpu returns it)")
     sz = _tensor("scale_and_zero", scale_and_zero)
-    want = (-(-k // group_size), n, 2)
+    want = int4_cpu_scale_and_zero_shape(n, k, group_size)
     if sz.dtype != torch.bfloat16 or tuple(sz.shape) != want or not sz.is_contiguous():
         raise ValueError(
             f"scale_and_zero must be the contiguous bfloat16 {want} tensor from pack_int4_cpu, got "
@@ -436,23 +462,24 @@ def int4_cpu_linear(x: torch.Tensor, packed_weight: torch.Tensor, scale_and_zero
     if isinstance(out_features, bool) or not isinstance(out_features, int):
         raise TypeError(f"out_features must be an int, got {out_features!r}")
     p = _int_tensor("packed_weight", packed_weight, (torch.uint8,), 2)
-    if p.shape[0] != out_features:
-        raise ValueError(f"out_features ({out_features}) must equal packed_weight.shape[0] ({p.shape[0]})")
+    if out_features <= 0 or -(-out_features // _INT4_TILE_ROWS) != p.shape[0]:
+        raise ValueError(f"out_features ({out_features}) must be in ({_INT4_TILE_ROWS * (p.shape[0] - 1)}, "
+                         f"{_INT4_TILE_ROWS * p.shape[0]}] for packed_weight's {p.shape[0]} tiles of 16 rows")
     x = _tensor("x", x)
     if x.dim() == 0:
         raise ValueError("x must have shape [..., K], got a 0-d tensor")
     k = x.shape[-1]
     if int4_cpu_packed_shape(out_features, k)[1] != p.shape[1]:
-        raise ValueError(f"x must have shape [..., K] with 32 * ceil(K / 64) = {p.shape[1]} (packed_weight's row "
-                         f"bytes), got {tuple(x.shape)}")
+        raise ValueError(f"x must have shape [..., K] with 512 * ceil(K / 64) = {p.shape[1]} (packed_weight's "
+                         f"bytes a tile), got {tuple(x.shape)}")
     p, sz, group_size = _check_int4_packed(p, scale_and_zero, group_size, out_features, k)
     x = _check_x(x, k)
     bias = _check_bias(bias, out_features)
     lib = _native.ops()
     if lib is not None:
-        y = lib.int4_weight_only_linear(_rows(x, k), p, sz, group_size, k, _bias32(bias))
+        y = lib.int4_weight_only_linear(_rows(x, k), p, sz, group_size, k, out_features, _bias32(bias))
     else:
-        y = _ref.int4_weight_only_reference(_rows(x, k), p, sz, group_size, k, bias)
+        y = _ref.int4_weight_only_reference(_rows(x, k), p, sz, group_size, out_features, k, bias)
     return y.reshape(*x.shape[:-1], out_features)
 
 
@@ -467,7 +494,7 @@ def int4_cpu_linear_prepared(x: torch.Tensor, packed_weight: torch.Tensor, scale
         return int4_cpu_linear(x, packed_weight, scale_and_zero, group_size, out_features, bias)
     k = x.shape[-1]
     y = lib.int4_weight_only_linear(x.reshape(-1, k).contiguous(), packed_weight, scale_and_zero, group_size, k,
-                                    _bias32(bias))
+                                    out_features, _bias32(bias))
     return y.reshape(*x.shape[:-1], out_features)
 
 
@@ -486,8 +513,8 @@ def unpack_int4_cpu(packed_weight: torch.Tensor, scale_and_zero: torch.Tensor, g
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name} must be an int, got {v!r}")
     p, sz, _ = _check_int4_packed(packed_weight, scale_and_zero, group_size, N, K)
-    codes = _ref.unpack_int4_codes(p, K)
-    return codes, sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous()
+    scale, zero = _ref.unpack_int4_scale_zero(sz, N)
+    return _ref.unpack_int4_codes(p, N, K), scale.contiguous(), zero.contiguous()
 
 
 # --------------------------------------------------------------------------- int8 dynamic activations

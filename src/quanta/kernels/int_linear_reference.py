@@ -28,6 +28,7 @@ __all__ = [
     "int4_weight_only_reference",
     "int8_dynamic_reference",
     "unpack_int4_codes",
+    "unpack_int4_scale_zero",
 ]
 
 _TILE_ROWS_ELEMENTS = 1 << 20  # weight elements dequantized at once
@@ -53,42 +54,67 @@ def int8_weight_only_reference(x: torch.Tensor, weight_int8: torch.Tensor, scale
     return _finish(y, bias, x.dtype)
 
 
-def unpack_int4_codes(packed: torch.Tensor, k: int) -> torch.Tensor:
+def unpack_int4_codes(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """uint8 codes ``[N, K]`` from the int4 packing of :func:`quanta.kernels.int_linear.pack_int4_cpu`.
 
-    A row holds ``ceil(K / 64)`` blocks of 32 bytes; byte ``j`` of block ``b`` has the
-    code of ``k = 64 b + j`` in its low nibble and of ``k = 64 b + 32 + j`` in its high nibble.
+    ``packed`` is ``[ceil(N / 16), 8 * Kp]`` (``Kp = 64 * ceil(K / 64)``): a tile of 16 rows
+    as ``Kp / 8`` lines of 64 bytes, line ``l`` holding ``k = 8 l .. 8 l + 7`` of the
+    tile's rows, row ``r`` in bytes ``4 r .. 4 r + 3``: byte 0 has the codes of
+    ``k = 8 l`` (low nibble) and ``8 l + 2`` (high), byte 1 of ``8 l + 4`` and
+    ``8 l + 6``, byte 2 of ``8 l + 1`` and ``8 l + 3``, byte 3 of ``8 l + 5`` and
+    ``8 l + 7``.
 
-    >>> unpack_int4_codes(torch.tensor([[0x21] + [0] * 31]), 33)[0, [0, 1, 32]]
-    tensor([1, 0, 2], dtype=torch.uint8)
+    >>> line = [0x21, 0x43, 0x65, 0x87] + [0] * 60
+    >>> unpack_int4_codes(torch.tensor([line], dtype=torch.uint8), 1, 8)
+    tensor([[1, 5, 2, 6, 3, 7, 4, 8]], dtype=torch.uint8)
     """
-    n, row_bytes = packed.shape
-    blocks = packed.reshape(n, row_bytes // 32, 1, 32)
-    codes = torch.cat([blocks & 0xF, blocks >> 4], dim=2).reshape(n, row_bytes * 2)
-    return codes[:, :k].to(torch.uint8)
+    tiles, tile_bytes = packed.shape
+    b = packed.reshape(tiles, tile_bytes // 64, 16, 4)
+    lo, hi = b & 0xF, b >> 4
+    # k = 8 l + i for i = 0..7: (byte, nibble) = (0, lo), (2, lo), (0, hi), (2, hi), (1, lo), (3, lo), (1, hi), (3, hi)
+    codes = torch.stack([lo[..., 0], lo[..., 2], hi[..., 0], hi[..., 2], lo[..., 1], lo[..., 3], hi[..., 1],
+                         hi[..., 3]], dim=-1)
+    codes = codes.permute(0, 2, 1, 3).reshape(tiles * 16, tile_bytes // 8)
+    return codes[:n, :k].to(torch.uint8)
 
 
-def int4_dequantize_reference(packed: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int, k: int,
+def unpack_int4_scale_zero(scale_and_zero: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scale, zero)`` ``[N, groups]`` from :func:`quanta.kernels.int_linear.pack_int4_cpu`'s
+    ``scale_and_zero`` (``[ceil(N / 16), groups, 2, 16]``), in its dtype.
+
+    >>> sz = torch.arange(64.0).reshape(1, 2, 2, 16)  # 1 tile, 2 groups: 16 scales, 16 zeros each
+    >>> [t[:2].tolist() for t in unpack_int4_scale_zero(sz, 2)]
+    [[[0.0, 32.0], [1.0, 33.0]], [[16.0, 48.0], [17.0, 49.0]]]
+    """
+    tiles, groups = scale_and_zero.shape[:2]
+    per_row = scale_and_zero.permute(0, 3, 1, 2).reshape(tiles * 16, groups, 2)[:n]
+    return per_row[..., 0], per_row[..., 1]
+
+
+def int4_dequantize_reference(packed: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int, n: int, k: int,
                               rows: slice = slice(None)) -> torch.Tensor:
     """float32 ``W[rows]`` = ``fma(code - 8, scale, zero)`` (one rounding, as the kernels compute it)."""
-    codes = unpack_int4_codes(packed[rows], k).to(torch.float64) - 8
+    start, stop, _ = rows.indices(n)
+    t0, t1 = start // 16, -(-stop // 16)  # the tiles holding the rows
+    codes = unpack_int4_codes(packed[t0:t1], (t1 - t0) * 16, k)[start - 16 * t0:stop - 16 * t0].to(torch.float64) - 8
+    scale, zero = unpack_int4_scale_zero(scale_and_zero, n)
     g = torch.arange(k) // group_size
-    s = scale_and_zero[:, rows, 0].t().to(torch.float64)[:, g]
-    z = scale_and_zero[:, rows, 1].t().to(torch.float64)[:, g]
+    s = scale[start:stop].to(torch.float64)[:, g]
+    z = zero[start:stop].to(torch.float64)[:, g]
     # float64 holds code * scale exactly (4-bit times 8-bit significands): one rounding to float32, as fma
     return (codes * s + z).to(torch.float32)
 
 
 def int4_weight_only_reference(x: torch.Tensor, packed: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int,
-                               k: int, bias: torch.Tensor | None, *, compute_dtype: torch.dtype = torch.float32
-                               ) -> torch.Tensor:
-    """``x @ W.T + bias`` for the packed int4 weight, dequantized a tile of rows at a time; ``x`` is ``[M, K]``."""
-    n = packed.shape[0]
+                               n: int, k: int, bias: torch.Tensor | None, *,
+                               compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``x @ W.T + bias`` for the packed int4 weight ``[n, k]``, dequantized a block of rows at a time; ``x`` is
+    ``[M, K]``."""
     xc = x.to(compute_dtype)
     y = x.new_empty((x.shape[0], n), dtype=compute_dtype)
-    step = max(1, _TILE_ROWS_ELEMENTS // max(k, 1))
+    step = 16 * max(1, _TILE_ROWS_ELEMENTS // max(16 * k, 1))
     for r0 in range(0, n, step):
-        w = int4_dequantize_reference(packed, scale_and_zero, group_size, k, slice(r0, r0 + step))
+        w = int4_dequantize_reference(packed, scale_and_zero, group_size, n, k, slice(r0, r0 + step))
         torch.mm(xc, w.to(compute_dtype).t(), out=y[:, r0:r0 + step])
     return _finish(y, bias, x.dtype)
 

@@ -5,22 +5,29 @@
 //
 //   int8 weight-only   y[m,n] = S(x[m,:], q[n,:]) * s[n] + b[n]        q int8 [N, K] row-major, s bf16 [N]
 //   int4 weight-only   y[m,n] = S(x[m,:], w[n,:]) + b[n],  w[n,k] = fma(c[n,k] - 8, s[g,n], z[g,n])
-//                      c uint4 packed [N, ceil(K/64)*32] (see pack below), (s, z) bf16 [ceil(K/G), N, 2]
+//                      c uint4 in tiles of 16 rows [ceil(N/16), Kp/8, 64] (see below), (s, z) bf16
+//                      [ceil(N/16), ceil(K/G), 2, 16]
 //   int8 dynamic       y[m,n] = ((float)(A[m,n]) * sx[m]) * sw[n] + b[n],
 //                      A = sum_k qx[m,k] q[n,k] - zx[m] * colsum[n]  (exact int32)
 //
 // S(x, w) follows one fixed summation order per path, the same on every instruction set (AVX-512, AVX2,
 // portable C++), so the three give the same bits (tested). x is widened to float32 exactly (fp32/bf16/fp16
 // in) and the weights are their exact dequantized float32 values.
-//  decode GEMV (M < 8): k is split into 16 lanes (lane l takes k = 16c + l, c = 0, 1, ...), each lane
+//  int8 decode GEMV (M < 8): k is split into 16 lanes (lane l takes k = 16c + l, c = 0, 1, ...), each lane
 //    accumulates acc = fma(x_k, w_k, acc) in increasing k, and the 16 lanes are added by the tree
-//    t8[i] = a[i] + a[i+8], t4[i] = t8[i] + t8[i+4], t2[i] = t4[i] + t4[i+2], t1 = t2[0] + t2[1]. Padding
-//    (k >= K) adds x = 0 times a finite weight, which changes nothing.
+//    t8[i] = a[i] + a[i+8], t4[i] = t8[i] + t8[i+4], t2[i] = t4[i] + t4[i+2], t1 = t2[0] + t2[1].
+//  int4 decode GEMV (M < 8): four chains a_j = fma(x_k, w_k, a_j) over the k = j mod 4 in increasing order
+//    (from 0), y = (a_0 + a_1) + (a_2 + a_3); each vector lane is a weight row (16 rows of a tile at once).
 //  prefill GEMM (M >= 8): one chain y = fma(x_k, w_k, y) over k = 0 .. K-1 per output.
-// The output is rounded once, to the output dtype, after scale and bias.
+// Padding (k >= K) adds x = 0 times a finite weight, which changes nothing. The output is rounded once, to the
+// output dtype, after scale and bias.
 //
-// int4 packing: a row holds ceil(K/64) blocks of 32 bytes; byte j of block b holds the code of
-// k = 64b + j in its low nibble and of k = 64b + 32 + j in its high nibble (padding codes are 8).
+// int4 packing: tile t holds rows 16t .. 16t+15 as Kp/8 lines of 64 bytes (Kp = K rounded up to 64); line l holds
+// k = 8l .. 8l+7, row r in the 32-bit word at byte 4r: bits 4j..4j+3 the code of k = 8l + 2j, bits 16+4j..16+4j+3
+// that of k = 8l + 2j + 1 (j = 0..3). So one 64-byte load gives a word per row, a 32-bit shift by 4j (by 16+4j)
+// brings the codes of k = 8l + 2j (8l + 2j + 1) of the 16 rows to the low bits of their lanes, and a 16-bit
+// shift by 4j brings the pair (8l + 2j, 8l + 2j + 1) of each row to its two 16-bit halves (vdpbf16ps's layout).
+// A thread reads its tiles as one sequential stream. Padding codes are 8, padding rows' (s, z) are 0.
 //
 // Threads: every kernel runs inside at::parallel_for (torch's intra-op pool: torch's own OpenMP runtime,
 // linked from torch's lib directory), handing out tiles of output rows through an atomic counter so that a
@@ -48,7 +55,7 @@
 
 namespace {
 
-constexpr int kAbiVersion = 3;
+constexpr int kAbiVersion = 4;
 
 // ------------------------------------------------------------------------------------------------ ISA
 // AVX512_BF16: AVX-512 plus vdpbf16ps; the bfloat16-activation paths below use it (their own order), every other
@@ -249,30 +256,39 @@ struct Int8Rows {
 };
 
 struct Int4Rows {
-  const uint8_t* p;    // [N, Kp/2]
-  const uint16_t* sz;  // bf16 [G, N, 2]
-  int64_t K, N, row_bytes, group, ngroups;
+  const uint8_t* p;    // [ceil(N/16), Kp/8, 64]
+  const uint16_t* sz;  // bf16 [ceil(N/16), G, 2, 16]
+  int64_t K, N, nlines, group, ngroups;  // nlines = Kp/8 a tile
   int gshift;          // log2(group)
-  // (scale, zero) of row n for the group holding k, as the 32 bits (zero << 16 | scale)
-  uint32_t sz_bits(int64_t n, int64_t k) const {
-    const int64_t g = std::min<int64_t>(k >> gshift, ngroups - 1);
-    uint32_t v;
-    std::memcpy(&v, sz + (g * N + n) * 2, 4);
-    return v;
+  const uint8_t* tile(int64_t t) const { return p + t * nlines * 64; }
+  int64_t group_of(int64_t k) const { return std::min<int64_t>(k >> gshift, ngroups - 1); }
+  // the lines of group g in a tile (the last group also takes the padding up to Kp)
+  int64_t line_begin(int64_t g) const { return g * (group / 8); }
+  int64_t line_end(int64_t g) const { return g == ngroups - 1 ? nlines : (g + 1) * (group / 8); }
+  // the 16 scales (which = 0) or zeros (which = 1) of tile t, group g
+  const uint16_t* sz16(int64_t t, int64_t g, int which) const { return sz + ((t * ngroups + g) * 2 + which) * 16; }
+  int code(int64_t n, int64_t k) const {
+    uint32_t u;
+    std::memcpy(&u, tile(n / 16) + (k / 8) * 64 + 4 * (n % 16), 4);
+    const int i = static_cast<int>(k % 8);
+    return static_cast<int>((u >> ((i & 1) * 16 + (i >> 1) * 4)) & 15u);
+  }
+  // w[n, k] = fma(c - 8, s, z), the dequantized weight every path uses
+  float weight(int64_t n, int64_t k) const {
+    const int64_t g = group_of(k);
+    return std::fma(static_cast<float>(code(n, k) - 8), bf16_to_float(sz16(n / 16, g, 0)[n % 16]),
+                    bf16_to_float(sz16(n / 16, g, 1)[n % 16]));
   }
 };
 
+// How far ahead (bytes) an int4 decode tile asks for its codes, into L2. A thread's tiles follow each other in
+// memory (parallel_runs), so this runs on into its next tile. Measured on issue 17's model's GEMVs (113 a token,
+// 2 Zen 4 cores, alternating runs): groups of 32 17.4-19.5 -> 15.6-18.2 ms a token, groups of 128 14.7-15.6 ->
+// 14.6-14.9 ms; 512, 2048 and 4096 bytes were no better, nor a prefetch of the (scale, zero) lines.
+constexpr int64_t kTileAhead = 1024;
 
-// The (scale, zero) pairs of a group are [N, 2] rows of their own, N * 4 bytes apart: a block of weight rows reads
-// one line per group, a stride the hardware prefetchers do not follow. So a decode block asks for the lines of the
-// next R rows (a thread's rows run in order, see parallel_runs) into L2, as it does for the codes (measured on issue
-// 17's model, 2 Zen 4 cores: the int4 GEMVs' time a token fell from 17.2 to 15.2 ms for groups of 128, from 24 to
-// 22.5 ms for groups of 32; two blocks ahead gained nothing more).
-inline void prefetch_next_scales(const Int4Rows& src, int64_t last_row, int R) {
-  if (last_row + R >= src.N) return;
-  for (int64_t g = 0; g < src.ngroups; ++g)
-    _mm_prefetch(reinterpret_cast<const char*>(src.sz + (g * src.N + last_row + 1) * 2), _MM_HINT_T1);
-}
+// 32-bit shift that brings the code of k = 8l + i (i = 0..7) of every row to the low bits of its lane
+constexpr int int4_shift(int i) { return (i & 1) * 16 + (i >> 1) * 4; }
 
 // ---- portable
 inline void chunk_portable(const Int8Rows& src, int64_t n, int64_t c, float* out) {
@@ -280,19 +296,6 @@ inline void chunk_portable(const Int8Rows& src, int64_t n, int64_t c, float* out
   for (int l = 0; l < 16; ++l) {
     const int64_t k = 16 * c + l;
     out[l] = k < src.K ? static_cast<float>(row[k]) : 0.0f;
-  }
-}
-
-inline void chunk_portable(const Int4Rows& src, int64_t n, int64_t c, float* out) {
-  const uint8_t* blk = src.p + n * src.row_bytes + (c / 4) * 32;
-  const int q = static_cast<int>(c % 4);  // chunk within the 64-block: bytes (q%2)*16.., nibble q/2
-  const uint32_t bits = src.sz_bits(n, 16 * c);
-  const float s = bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF));
-  const float z = bf16_to_float(static_cast<uint16_t>(bits >> 16));
-  for (int l = 0; l < 16; ++l) {
-    const uint8_t b = blk[(q % 2) * 16 + l];
-    const int code = q < 2 ? (b & 15) : (b >> 4);
-    out[l] = std::fma(static_cast<float>(code - 8), s, z);
   }
 }
 
@@ -341,52 +344,6 @@ QUANTA_AVX2 inline float tree16_avx2(__m256 lo, __m256 hi) {
   return t2[0] + t2[1];
 }
 
-// int4, any group size (16 included): chunk by chunk, each row's (scale, zero) broadcast once per group.
-template <int R, int MB>
-QUANTA_AVX2 void block_avx2_pass_int4(const Int4Rows& src, const int64_t* rows, const float* const* xr,
-                                      int64_t nchunks, float* out) {
-  __m256 lo[R * MB], hi[R * MB], s[R], z[R];
-  QUANTA_UNROLL
-  for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
-  const __m256 eight = _mm256_set1_ps(8.0f);
-  const __m128i nibble = _mm_set1_epi8(15);
-  prefetch_next_scales(src, rows[R - 1], R);
-  int64_t group = -1;
-  for (int64_t c = 0; c < nchunks; ++c) {
-    const int64_t g = std::min<int64_t>((16 * c) >> src.gshift, src.ngroups - 1);
-    if (g != group) {
-      group = g;
-      QUANTA_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const uint32_t bits = src.sz_bits(rows[r], 16 * c);
-        s[r] = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)));
-        z[r] = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits >> 16)));
-      }
-    }
-    const int q = static_cast<int>(c % 4);
-    QUANTA_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = src.p + rows[r] * src.row_bytes + (c / 4) * 32;
-      if (c % 8 == 0) prefetch_next_rows(blk, R * src.row_bytes);
-      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q % 2) * 16));
-      if (q >= 2) b = _mm_srli_epi16(b, 4);
-      b = _mm_and_si128(b, nibble);
-      const __m256 cl = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), eight);
-      const __m256 ch = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), eight);
-      const __m256 wl = _mm256_fmadd_ps(cl, s[r], z[r]);
-      const __m256 wh = _mm256_fmadd_ps(ch, s[r], z[r]);
-      QUANTA_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        const float* x = xr[m] + 16 * c;
-        lo[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x), wl, lo[r * MB + m]);
-        hi[r * MB + m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), wh, hi[r * MB + m]);
-      }
-    }
-  }
-  QUANTA_UNROLL
-  for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
-}
-
 // int8, whole chunks: each 8-byte half sign-extended straight from memory (vpmovsxbd ymm, m64), no shuffles; the
 // last, partial chunk (K not a multiple of 16) goes through chunk_avx2's zero-padded copy. Same weights, same
 // order, so the same bits as the portable path. The row and activation-row loops are unrolled by pragma: GCC
@@ -433,104 +390,15 @@ QUANTA_AVX2 void block_avx2_pass_int8(const Int8Rows& src, const int64_t* rows, 
   for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
 }
 
-// 8 codes (one per 32-bit lane, 0..15) -> fma(code - 8, s, z), the weights of the header comment.
-QUANTA_AVX2 inline __m256 dequant8_avx2(__m256i codes, __m256 s, __m256 z) {
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(codes, _mm256_set1_epi32(8))), s, z);
-}
-
-QUANTA_AVX2 inline void sz_avx2(const Int4Rows& src, int64_t n, int64_t k, __m256& s, __m256& z) {
-  const uint32_t bits = src.sz_bits(n, k);
-  s = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)));
-  z = _mm256_set1_ps(bf16_to_float(static_cast<uint16_t>(bits >> 16)));
-}
-
-// acc(lo, hi)[m] += x[m][k .. k+15] * (wl, wh) for the MB activation rows.
-template <int MB>
-QUANTA_AVX2 __attribute__((always_inline)) inline void fma_chunk_avx2(const float* const* xr, int64_t k, __m256 wl,
-                                                                      __m256 wh, __m256* lo, __m256* hi) {
-  QUANTA_UNROLL
-  for (int m = 0; m < MB; ++m) {
-    lo[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k), wl, lo[m]);
-    hi[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[m] + k + 8), wh, hi[m]);
-  }
-}
-
-// int4 for groups of 32 or more, a 64-k block (32 bytes) at a time: the four 8-byte quarters are zero-extended
-// straight from memory into 32-bit lanes (vpmovzxbd ymm, m64), so that `& 15` gives the codes of chunks 0-1
-// (k 0..31 of the block) and `>> 4` those of chunks 2-3 (k 32..63), with no shuffles. Each accumulator still
-// takes chunks 0, 1, 2, 3 in order, with the same weights: the same bits as block_avx2_pass_int4.
-// SPLIT: groups of 32, k 32..63 of a block have their own (scale, zero).
-template <int R, int MB, bool SPLIT>
-QUANTA_AVX2 void block_avx2_pass_int4_b64(const Int4Rows& src, const int64_t* rows, const float* const* xr,
-                                          int64_t nchunks, float* out) {
-  __m256 lo[R * MB], hi[R * MB], sa[R], za[R], sb[R], zb[R];
-  QUANTA_UNROLL
-  for (int j = 0; j < R * MB; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
-  const __m256i nibble = _mm256_set1_epi32(15);
-  const uint8_t* rp[R];
-  QUANTA_UNROLL
-  for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
-  prefetch_next_scales(src, rows[R - 1], R);
-  int64_t group = -1;
-  const int64_t nblocks = nchunks / 4;  // the packed rows are padded to whole 64-k blocks
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t k0 = 64 * b;
-    const int64_t g = std::min<int64_t>(k0 >> src.gshift, src.ngroups - 1);
-    if (g != group) {
-      group = g;
-      QUANTA_UNROLL
-      for (int r = 0; r < R; ++r) sz_avx2(src, rows[r], k0, sa[r], za[r]);
-    }
-    if (SPLIT) {
-      QUANTA_UNROLL
-      for (int r = 0; r < R; ++r) sz_avx2(src, rows[r], k0 + 32, sb[r], zb[r]);
-    }
-    QUANTA_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* p = rp[r] + 32 * b;
-      if ((b & 1) == 0) prefetch_next_rows(p, R * src.row_bytes);
-      const __m256 s0 = sa[r], z0 = za[r];
-      const __m256 s1 = SPLIT ? sb[r] : sa[r], z1 = SPLIT ? zb[r] : za[r];
-      // each pair of weight vectors is used as soon as it is made: 16 registers hold 8 accumulators at most
-      const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-      const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-      fma_chunk_avx2<MB>(xr, k0, dequant8_avx2(_mm256_and_si256(v0, nibble), s0, z0),
-                         dequant8_avx2(_mm256_and_si256(v1, nibble), s0, z0), lo + r * MB, hi + r * MB);
-      const __m256i v2 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16)));
-      const __m256i v3 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 24)));
-      fma_chunk_avx2<MB>(xr, k0 + 16, dequant8_avx2(_mm256_and_si256(v2, nibble), s0, z0),
-                         dequant8_avx2(_mm256_and_si256(v3, nibble), s0, z0), lo + r * MB, hi + r * MB);
-      fma_chunk_avx2<MB>(xr, k0 + 32, dequant8_avx2(_mm256_srli_epi32(v0, 4), s1, z1),
-                         dequant8_avx2(_mm256_srli_epi32(v1, 4), s1, z1), lo + r * MB, hi + r * MB);
-      fma_chunk_avx2<MB>(xr, k0 + 48, dequant8_avx2(_mm256_srli_epi32(v2, 4), s1, z1),
-                         dequant8_avx2(_mm256_srli_epi32(v3, 4), s1, z1), lo + r * MB, hi + r * MB);
-    }
-  }
-  QUANTA_UNROLL
-  for (int j = 0; j < R * MB; ++j) out[j] = tree16_avx2(lo[j], hi[j]);
-}
-
 // AVX2 has 16 vector registers: a pass keeps at most 8 accumulators (2 per output), so R rows run as passes of
 // RS rows over the whole of K. Each output's lanes still accumulate over c in increasing order: the same bits.
 template <typename Src, int R, int MB>
 QUANTA_AVX2 void block_avx2(const Src& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
                             float* out) {
-  constexpr int RS = std::is_same<Src, Int4Rows>::value ? (MB >= 2 ? 1 : 2) : (MB >= 4 ? 1 : (4 / MB < R ? 4 / MB : R));
+  constexpr int RS = MB >= 4 ? 1 : (4 / MB < R ? 4 / MB : R);
   static_assert(R % RS == 0, "rows per block must be a multiple of rows per pass");
   QUANTA_UNROLL
-  for (int r0 = 0; r0 < R; r0 += RS) {
-    if constexpr (std::is_same<Src, Int4Rows>::value) {
-      if (src.group == 32) {
-        block_avx2_pass_int4_b64<RS, MB, true>(src, rows + r0, xr, nchunks, out + r0 * MB);
-      } else if (src.group >= 64) {
-        block_avx2_pass_int4_b64<RS, MB, false>(src, rows + r0, xr, nchunks, out + r0 * MB);
-      } else {
-        block_avx2_pass_int4<RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
-      }
-    } else {
-      block_avx2_pass_int8<RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
-    }
-  }
+  for (int r0 = 0; r0 < R; r0 += RS) block_avx2_pass_int8<RS, MB>(src, rows + r0, xr, nchunks, out + r0 * MB);
 }
 
 // ---- AVX-512
@@ -595,126 +463,109 @@ QUANTA_AVX512 void block_avx512(const Int8Rows& src, const int64_t* rows, const 
   for (int j = 0; j < R * MB; ++j) out[j] = t[j];
 }
 
-// (scale, zero) bits (zero << 16 | scale) -> two broadcast float vectors
-QUANTA_AVX512 inline void sz_avx512(uint32_t bits, __m512& s, __m512& z) {
-  const __m512i v = _mm512_set1_epi32(static_cast<int32_t>(bits));
-  s = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-  z = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
-}
-
-// The 4 chunks (64 weights) of int4 block b of row n, dequantized, in k order.
-QUANTA_AVX512 inline void block4_avx512(const Int4Rows& src, const uint8_t* row, int64_t n, int64_t b, __m512* w) {
-  const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-  const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 32 * b)));
-  const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 32 * b + 16)));
-  const uint32_t ba = src.sz_bits(n, 64 * b), bb = src.sz_bits(n, 64 * b + 32);
-  __m512 sa, za, sb, zb;
-  sz_avx512(ba, sa, za);
-  if (bb == ba) {
-    sb = sa;
-    zb = za;
-  } else {
-    sz_avx512(bb, sb, zb);
-  }
-  // chunks in k order: v0 low nibbles, v1 low, v0 high, v1 high; vpermps reads bits 3..0 of the index
-  w[0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v0, lut), sa, za);
-  w[1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v1, lut), sa, za);
-  w[2] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut), sb, zb);
-  w[3] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut), sb, zb);
-}
-
-// The 16 dequantized weights of row n's group holding k, indexed by code: LUT[c] = fma(c - 8, s, z), the same
-// value the per-element path computes; vpermps with the codes then dequantizes 16 weights at once.
-QUANTA_AVX512 inline __m512 lut_avx512(const Int4Rows& src, int64_t n, int64_t k) {
-  const __m512 base = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-  __m512 s, z;
-  sz_avx512(src.sz_bits(n, k), s, z);
-  return _mm512_fmadd_ps(base, s, z);
-}
-
-// int4 GEMV block: per 64-k block and row, two 16-byte loads give the 4 chunks (low nibbles of bytes 0-15
-// and 16-31, then high nibbles), each dequantized by one vpermps on the row's group table. PART 0: chunks
-// 0-1 (k 0-31), 1: chunks 2-3 (k 32-63), 2: all four (groups of 64 or more: one table per block).
-template <int R, int MB, int PART>
-QUANTA_AVX512 __attribute__((always_inline)) inline void int4_chunks_avx512(const uint8_t* const* rp, int64_t b,
-                                                                            int64_t row_bytes, const __m512* lut,
-                                                                            const float* const* xr, __m512* acc) {
-  const int64_t k0 = 64 * b;
-  QUANTA_UNROLL
-  for (int r = 0; r < R; ++r) {
-    if ((b & 1) == 0 && PART != 1) prefetch_next_rows(rp[r] + 32 * b, R * row_bytes);
-    const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 32 * b)));
-    const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rp[r] + 32 * b + 16)));
-    if (PART != 1) {
-      const __m512 w0 = _mm512_permutexvar_ps(v0, lut[r]), w1 = _mm512_permutexvar_ps(v1, lut[r]);
-      QUANTA_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0), w0, acc[r * MB + m]);
-        acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 16), w1, acc[r * MB + m]);
-      }
-    }
-    if (PART != 0) {
-      const __m512 w2 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut[r]);
-      const __m512 w3 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut[r]);
-      QUANTA_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 32), w2, acc[r * MB + m]);
-        acc[r * MB + m] = _mm512_fmadd_ps(_mm512_loadu_ps(xr[m] + k0 + 48), w3, acc[r * MB + m]);
-      }
+// ---- int4 decode (common paths): a tile of 16 weight rows, one row per vector lane, MB activation rows. Per
+// group, the tile's 16 (scale, zero) pairs are two vectors; per 64-byte line, the 8 k's of the 16 rows are
+// shifted out of the rows' words and dequantized, w = fma(c - 8, s, z), then a_{k mod 4} = fma(x_k, w, a_{k mod 4})
+// (the order of the header). out[m * 16 + r] for row 16t + r.
+inline void tile_int4_portable(const Int4Rows& src, int64_t t, const float* const* xr, int mb, float* out) {
+  for (int r = 0; r < 16; ++r) {
+    const int64_t n = 16 * t + r;
+    for (int m = 0; m < mb; ++m) {
+      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t k = 0; k < 8 * src.nlines; ++k) a[k & 3] = std::fma(xr[m][k], src.weight(n, k), a[k & 3]);
+      out[m * 16 + r] = (a[0] + a[1]) + (a[2] + a[3]);
     }
   }
 }
 
-template <int R, int MB, bool SPLIT>
-QUANTA_AVX512 void block_int4_avx512(const Int4Rows& src, const int64_t* rows, const float* const* xr,
-                                     int64_t nchunks, float* out) {
-  __m512 acc[R * MB];
+// bfloat16 bits (8 contiguous) -> float32 vector
+QUANTA_AVX2 inline __m256 bf16x8_avx2(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+// 8 rows (half h of the tile) per 8-lane vector; the codes as integers: c - 8 converted exactly.
+template <int MB>
+QUANTA_AVX2 void tile_int4_avx2(const Int4Rows& src, int64_t t, int h, const float* const* xr, float* out) {
+  __m256 a[MB][4];
   QUANTA_UNROLL
-  for (int j = 0; j < R * MB; ++j) acc[j] = _mm512_setzero_ps();
-  const uint8_t* rp[R];
-  QUANTA_UNROLL
-  for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
-  prefetch_next_scales(src, rows[R - 1], R);
-  __m512 lut[R];
-  int64_t group = -1;
-  const int64_t nblocks = nchunks / 4;  // nchunks is a multiple of 4 here (64-k blocks)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t k0 = 64 * b;
-    const int64_t g = std::min<int64_t>(k0 >> src.gshift, src.ngroups - 1);
-    if (g != group) {
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < 4; ++j) a[m][j] = _mm256_setzero_ps();
+  const __m256i nibble = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+  const uint8_t* base = src.tile(t) + 32 * h;
+  for (int64_t g = 0; g < src.ngroups; ++g) {
+    const __m256 s = bf16x8_avx2(src.sz16(t, g, 0) + 8 * h), z = bf16x8_avx2(src.sz16(t, g, 1) + 8 * h);
+    for (int64_t l = src.line_begin(g); l < src.line_end(g); ++l) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 64 * l));
       QUANTA_UNROLL
-      for (int r = 0; r < R; ++r) lut[r] = lut_avx512(src, rows[r], k0);
-      group = g;
-    }
-    if (SPLIT) {
-      int4_chunks_avx512<R, MB, 0>(rp, b, src.row_bytes, lut, xr, acc);
-      const int64_t g2 = std::min<int64_t>((k0 + 32) >> src.gshift, src.ngroups - 1);
-      if (g2 != group) {
+      for (int i = 0; i < 8; ++i) {
+        const __m256i c = _mm256_and_si256(_mm256_srli_epi32(v, int4_shift(i)), nibble);
+        const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, eight)), s, z);
         QUANTA_UNROLL
-        for (int r = 0; r < R; ++r) lut[r] = lut_avx512(src, rows[r], k0 + 32);
-        group = g2;
+        for (int m = 0; m < MB; ++m) a[m][i & 3] = _mm256_fmadd_ps(_mm256_set1_ps(xr[m][8 * l + i]), w, a[m][i & 3]);
       }
-      int4_chunks_avx512<R, MB, 1>(rp, b, src.row_bytes, lut, xr, acc);
-    } else {
-      int4_chunks_avx512<R, MB, 2>(rp, b, src.row_bytes, lut, xr, acc);
     }
   }
-  __m512 all[16];
   QUANTA_UNROLL
-  for (int j = 0; j < 16; ++j) all[j] = j < R * MB ? acc[j] : _mm512_setzero_ps();
-  alignas(64) float t[16];
-  _mm512_store_ps(t, reduce16_avx512(all));
-  QUANTA_UNROLL
-  for (int j = 0; j < R * MB; ++j) out[j] = t[j];
+  for (int m = 0; m < MB; ++m)
+    _mm256_storeu_ps(out + m * 16 + 8 * h,
+                     _mm256_add_ps(_mm256_add_ps(a[m][0], a[m][1]), _mm256_add_ps(a[m][2], a[m][3])));
 }
 
-template <int R, int MB>
-QUANTA_AVX512 void block_avx512(const Int4Rows& src, const int64_t* rows, const float* const* xr, int64_t nchunks,
-                                float* out) {
-  if (src.group == 32) {
-    block_int4_avx512<R, MB, true>(src, rows, xr, nchunks, out);
+// bfloat16 bits (16 contiguous) -> float32 vector
+QUANTA_AVX512 inline __m512 bf16x16_avx512(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// vpermps reads bits 3..0 of each index: a shifted word indexes the table (c - 8) by its low code, no mask.
+template <int MB>
+QUANTA_AVX512 void tile_int4_avx512(const Int4Rows& src, int64_t t, const float* const* xr, float* out) {
+  const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  __m512 a[MB][4];
+  QUANTA_UNROLL
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < 4; ++j) a[m][j] = _mm512_setzero_ps();
+  const uint8_t* base = src.tile(t);
+  for (int64_t g = 0; g < src.ngroups; ++g) {
+    const __m512 s = bf16x16_avx512(src.sz16(t, g, 0)), z = bf16x16_avx512(src.sz16(t, g, 1));
+    for (int64_t l = src.line_begin(g); l < src.line_end(g); ++l) {
+      prefetch_next_rows(base + 64 * l, kTileAhead);
+      const __m512i v = _mm512_loadu_si512(base + 64 * l);
+      QUANTA_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const __m512i c = i == 0 ? v : _mm512_srli_epi32(v, int4_shift(i));
+        const __m512 w = _mm512_fmadd_ps(_mm512_permutexvar_ps(c, lut), s, z);
+        QUANTA_UNROLL
+        for (int m = 0; m < MB; ++m) a[m][i & 3] = _mm512_fmadd_ps(_mm512_set1_ps(xr[m][8 * l + i]), w, a[m][i & 3]);
+      }
+    }
+  }
+  QUANTA_UNROLL
+  for (int m = 0; m < MB; ++m)
+    _mm512_storeu_ps(out + m * 16, _mm512_add_ps(_mm512_add_ps(a[m][0], a[m][1]), _mm512_add_ps(a[m][2], a[m][3])));
+}
+
+// MB <= 4 activation rows of tile t on the given instruction set (AVX2: two activation rows a pass, 16 registers).
+void tile_int4(int64_t isa, const Int4Rows& src, int64_t t, const float* const* xr, int mb, float* out) {
+  if (isa >= AVX512) {
+    switch (mb) {
+      case 1: tile_int4_avx512<1>(src, t, xr, out); break;
+      case 2: tile_int4_avx512<2>(src, t, xr, out); break;
+      case 3: tile_int4_avx512<3>(src, t, xr, out); break;
+      default: tile_int4_avx512<4>(src, t, xr, out); break;
+    }
+  } else if (isa == AVX2) {
+    for (int m0 = 0; m0 < mb; m0 += 2)
+      for (int h = 0; h < 2; ++h) {
+        if (mb - m0 >= 2) {
+          tile_int4_avx2<2>(src, t, h, xr + m0, out + m0 * 16);
+        } else {
+          tile_int4_avx2<1>(src, t, h, xr + m0, out + m0 * 16);
+        }
+      }
   } else {
-    block_int4_avx512<R, MB, false>(src, rows, xr, nchunks, out);
+    tile_int4_portable(src, t, xr, mb, out);
   }
 }
 
@@ -742,8 +593,9 @@ void run_block(int64_t isa, const Src& src, const int64_t* rows, int R, const fl
 }
 
 // The whole [M, N] output; epi(n, m, sum) writes one output element.
-//  decode (M < kPrefillMinRows): tiles of 16 weight rows; blocks of rows_for(mb) rows x mb <= 4 activation
-//    rows, the weights converted in registers as they stream past, each output summed in 16 lanes + tree.
+//  decode (M < kPrefillMinRows): tiles of 16 weight rows; int8: blocks of rows_for(mb) rows x mb <= 4 activation
+//    rows, the weights converted in registers as they stream past, each output summed in 16 lanes + tree;
+//    int4: a tile's 16 rows in the lanes of one vector (the run_decode overload below).
 //  prefill (M >= kPrefillMinRows): run_prefill below, one fma chain per output.
 constexpr int64_t kDecodeTileRows = 16;
 constexpr int64_t kPrefillMinRows = 8;
@@ -780,19 +632,37 @@ void run_decode(int64_t isa, const Src& src, int64_t N, int64_t M, const float* 
   });
 }
 
+// int4: a thread's tiles in order (one sequential stream of codes), 4 activation rows a pass.
+template <typename Epi>
+void run_decode(int64_t isa, const Int4Rows& src, int64_t N, int64_t M, const float* xf, int64_t Kp, int64_t,
+                const Epi& epi) {
+  parallel_runs((N + kDecodeTileRows - 1) / kDecodeTileRows, [&](int64_t t) {
+    const int64_t n0 = t * kDecodeTileRows, n1 = std::min(N, n0 + kDecodeTileRows);
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int mb = static_cast<int>(std::min<int64_t>(4, M - m0));
+      const float* xr[4];
+      for (int m = 0; m < mb; ++m) xr[m] = xf + (m0 + m) * row_ld(Kp);
+      alignas(64) float out[4 * 16];
+      tile_int4(isa, src, t, xr, mb, out);
+      for (int64_t n = n0; n < n1; ++n)
+        for (int m = 0; m < mb; ++m) epi(n, m0 + m, out[m * 16 + (n - n0)]);
+    }
+  });
+}
+
 // ---- AVX-512 + vdpbf16ps: int4 weight-only decode on bfloat16 activations (M < kPrefillMinRows, groups 32..256)
 // Its own fixed order (the exact-dequantized order above costs a float conversion and an fma per weight), the
-// weight taken in its factored form w = s_g (c - 8) + z_g:
-//   y = S + Z,  S = tree16(Y),  Y_l = fma(s_g, P_g,l, Y_l) over the groups g in increasing order (from 0),
-//   P_g,l = lane l of the group's sum of x_k (c_k - 8): over the group's 32-k chunks c in increasing order,
-//           fma(x_k, c_k - 8, P) for k = 32c + 2l + 1, then k = 32c + 2l (from 0; vdpbf16ps),
-//   Z = fma(z_g, X_g, Z) over g (from 0),  X_g = tree16 of the group's lane sums of x_k in the same order.
+// weight taken in its factored form w = s_g (c - 8) + z_g, one weight row per 32-bit lane:
+//   y = Y + Z,  Y = fma(s_g, P_g, Y) over the groups g in increasing order (from 0),
+//   P_g = (P_g,0 + P_g,1) + (P_g,2 + P_g,3),  P_g,j = over the lines l of group g in increasing order (from 0),
+//           fma(x_k, c_k - 8, P) for k = 8l + 2j + 1, then k = 8l + 2j (vdpbf16ps),
+//   Z = fma(z_g, X_g, Z) over g (from 0),  X_g = tree16 of the group's lane sums of x_k (see group_sums_bf16).
 // x_k (c_k - 8) is exact in float32 (a bfloat16 times a 4-bit integer). vdpbf16ps flushes subnormal inputs and
 // results to zero. The result agrees with the reference within float32 summation error of |x| (|s (c - 8)| + |z|).
 #define QUANTA_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,fma")))
 
-constexpr int64_t kBf16MaxRows = 8;  // activation rows per register block (int4 decode) and per Z pass
+constexpr int64_t kBf16MaxRows = 8;  // activation rows per Z pass
 
 // x [M, K] bfloat16 as rows of at least Kp words, zero from K on: x itself when K == Kp, else a padded copy
 // (a row of Kp plus one cache line, so that rows 4 KiB apart do not share L1 sets).
@@ -820,8 +690,8 @@ Bf16Rows bf16_rows(const at::Tensor& x, int64_t Kp) {
   return r;
 }
 
-// bfloat16 (c - 8) at word lanes c and c + 16: vpermw reads bits 4..0 of each index, so a zero-extended byte
-// indexes by its low nibble with no mask (bit 4, the high nibble's lowest bit, picks the same value)
+// bfloat16 (c - 8) at word lanes c and c + 16: vpermw reads bits 4..0 of each index, so a word shifted right by
+// 4j indexes by its code j with no mask (bit 4, the next code's lowest bit, picks the same value)
 alignas(64) constexpr uint16_t kCodeMinus8Bf16[32] = {
     0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80, 0x0000, 0x3F80, 0x4000,
     0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040,
@@ -835,9 +705,9 @@ QUANTA_AVX512BF16 inline __m512 dp_bf16(__m512 acc, const uint16_t* x, __m512i w
   return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(x), (__m512bh)w);
 }
 
-QUANTA_AVX512BF16 inline __m512 scale_bcast(const Int4Rows& src, int64_t g, int64_t n) {
-  const __m512i v = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(src.sz + (g * src.N + n) * 2));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+// The (c - 8) pairs (8l + 2j, 8l + 2j + 1) of a line's 16 rows, as vdpbf16ps's bfloat16 pairs
+QUANTA_AVX512BF16 inline __m512i line_pairs_bf16(__m512i v, int j, __m512i lut) {
+  return _mm512_permutexvar_epi16(j == 0 ? v : _mm512_srli_epi16(v, 4 * j), lut);
 }
 
 // X[m * ngroups + g] for the MB rows of x
@@ -856,150 +726,83 @@ QUANTA_AVX512BF16 void group_sums_bf16(const Int4Rows& src, const Bf16Rows& xb, 
   }
 }
 
-// R weight rows x MB activation rows, whole K: S of the header above, in out[r * MB + m].
-template <int R, int MB, bool SPLIT>
-QUANTA_AVX512BF16 void block_int4_bf16(const Int4Rows& src, const int64_t* rows, const uint16_t* const* xr,
-                                       int64_t nblocks, float* out) {
+// Y + Z of the header above for tile t and MB <= 4 activation rows (X: their group sums, [MB][ngroups]):
+// out[m * 16 + r]. Z as zero_terms_bf16 computes it, inside the group loop (where its chain of fmas hides).
+template <int MB>
+QUANTA_AVX512BF16 void tile_int4_bf16(const Int4Rows& src, int64_t t, const uint16_t* const* xr, const float* X,
+                                      float* out) {
   const __m512i lut = _mm512_load_si512(kCodeMinus8Bf16);
-  __m512 Y[R * MB], P[R * MB], Q[SPLIT ? R * MB : 1];
+  __m512 Y[MB], Z[MB];
   QUANTA_UNROLL
-  for (int j = 0; j < R * MB; ++j) Y[j] = P[j] = _mm512_setzero_ps();
-  if (SPLIT) {
+  for (int m = 0; m < MB; ++m) Y[m] = Z[m] = _mm512_setzero_ps();
+  const uint8_t* base = src.tile(t);
+  for (int64_t g = 0; g < src.ngroups; ++g) {
+    __m512 P[MB][4];
     QUANTA_UNROLL
-    for (int j = 0; j < R * MB; ++j) Q[j] = _mm512_setzero_ps();
-  }
-  const uint8_t* rp[R];
-  QUANTA_UNROLL
-  for (int r = 0; r < R; ++r) rp[r] = src.p + rows[r] * src.row_bytes;
-  const auto group_of = [&](int64_t k) { return std::min<int64_t>(k >> src.gshift, src.ngroups - 1); };
-  prefetch_next_scales(src, rows[R - 1], R);
-  int64_t group = 0;
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t k0 = 64 * b;
-    if (!SPLIT && group_of(k0) != group) {
+    for (int m = 0; m < MB; ++m)
+      for (int j = 0; j < 4; ++j) P[m][j] = _mm512_setzero_ps();
+    for (int64_t l = src.line_begin(g); l < src.line_end(g); ++l) {
+      prefetch_next_rows(base + 64 * l, kTileAhead);
+      const __m512i v = _mm512_loadu_si512(base + 64 * l);
       QUANTA_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const __m512 s = scale_bcast(src, group, rows[r]);
+      for (int j = 0; j < 4; ++j) {
+        const __m512i w = line_pairs_bf16(v, j, lut);
         QUANTA_UNROLL
         for (int m = 0; m < MB; ++m) {
-          Y[r * MB + m] = _mm512_fmadd_ps(s, P[r * MB + m], Y[r * MB + m]);
-          P[r * MB + m] = _mm512_setzero_ps();
+          const __m512bh xp = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 8 * l + 2 * j));
+          P[m][j] = _mm512_dpbf16_ps(P[m][j], xp, (__m512bh)w);
         }
       }
-      group = group_of(k0);
     }
+    const __m512 s = bf16x16_avx512(src.sz16(t, g, 0)), z = bf16x16_avx512(src.sz16(t, g, 1));
     QUANTA_UNROLL
-    for (int r = 0; r < R; ++r) {
-      if ((b & 1) == 0) prefetch_next_rows(rp[r] + 32 * b, R * src.row_bytes);
-      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp[r] + 32 * b)));
-      const __m512i wl = _mm512_permutexvar_epi16(v, lut);                        // k0 .. k0 + 31
-      const __m512i wh = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);   // k0 + 32 .. k0 + 63
-      QUANTA_UNROLL
-      for (int m = 0; m < MB; ++m) {
-        P[r * MB + m] = dp_bf16(P[r * MB + m], xr[m] + k0, wl);
-        if (SPLIT) {
-          Q[r * MB + m] = dp_bf16(Q[r * MB + m], xr[m] + k0 + 32, wh);
-        } else {
-          P[r * MB + m] = dp_bf16(P[r * MB + m], xr[m] + k0 + 32, wh);
-        }
-      }
-    }
-    if (SPLIT) {  // groups of 32: k0 .. k0 + 31 and k0 + 32 .. k0 + 63 are two groups
-      const int64_t ga = group_of(k0), gb = group_of(k0 + 32);
-      QUANTA_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const __m512 sa = scale_bcast(src, ga, rows[r]), sb = scale_bcast(src, gb, rows[r]);
-        QUANTA_UNROLL
-        for (int m = 0; m < MB; ++m) {
-          Y[r * MB + m] = _mm512_fmadd_ps(sa, P[r * MB + m], Y[r * MB + m]);
-          Y[r * MB + m] = _mm512_fmadd_ps(sb, Q[r * MB + m], Y[r * MB + m]);
-          P[r * MB + m] = Q[r * MB + m] = _mm512_setzero_ps();
-        }
-      }
+    for (int m = 0; m < MB; ++m) {
+      Y[m] = _mm512_fmadd_ps(s, _mm512_add_ps(_mm512_add_ps(P[m][0], P[m][1]), _mm512_add_ps(P[m][2], P[m][3])), Y[m]);
+      Z[m] = _mm512_fmadd_ps(z, _mm512_set1_ps(X[m * src.ngroups + g]), Z[m]);
     }
   }
-  if (!SPLIT) {
-    QUANTA_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m512 s = scale_bcast(src, group, rows[r]);
-      QUANTA_UNROLL
-      for (int m = 0; m < MB; ++m) Y[r * MB + m] = _mm512_fmadd_ps(s, P[r * MB + m], Y[r * MB + m]);
-    }
-  }
-  __m512 all[16];
   QUANTA_UNROLL
-  for (int j = 0; j < 16; ++j) all[j] = j < R * MB ? Y[j] : _mm512_setzero_ps();
-  alignas(64) float t[16];
-  _mm512_store_ps(t, reduce16_avx512(all));
-  QUANTA_UNROLL
-  for (int j = 0; j < R * MB; ++j) out[j] = t[j];
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + m * 16, _mm512_add_ps(Y[m], Z[m]));
 }
 
-// Z for rows n0 .. n0 + nrows - 1 (nrows <= 16, one per lane) and mb activation rows: Zout[m * 16 + i].
-QUANTA_AVX512BF16 void zero_terms_bf16(const Int4Rows& src, int64_t n0, int64_t nrows, const float* X, int64_t m0,
-                                       int mb, float* Zout) {
-  const __mmask16 mask = static_cast<__mmask16>((1u << nrows) - 1u);
-  const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+// Z for the 16 rows of tile t (one per lane) and mb activation rows: Zout[m * 16 + r].
+QUANTA_AVX512BF16 void zero_terms_bf16(const Int4Rows& src, int64_t t, const float* X, int64_t m0, int mb,
+                                       float* Zout) {
   __m512 Z[kBf16MaxRows];
   for (int m = 0; m < mb; ++m) Z[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < src.ngroups; ++g) {
-    const __m512 z = _mm512_castsi512_ps(
-        _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, src.sz + (g * src.N + n0) * 2), hi));
+    const __m512 z = bf16x16_avx512(src.sz16(t, g, 1));
     for (int m = 0; m < mb; ++m)
       Z[m] = _mm512_fmadd_ps(z, _mm512_set1_ps(X[(m0 + m) * src.ngroups + g]), Z[m]);
   }
   for (int m = 0; m < mb; ++m) _mm512_storeu_ps(Zout + m * 16, Z[m]);
 }
 
-// Weight rows per register block for MB activation rows (two accumulators per output, Y and P).
-constexpr int bf16_rows_for(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : mb <= 4 ? 2 : 1; }
-
-template <int MB>
-void run_block_int4_bf16(const Int4Rows& src, const int64_t* rows, const uint16_t* const* xr, int64_t nblocks,
-                         float* out) {
-  constexpr int R = bf16_rows_for(MB);
-  if (src.group == 32) {
-    block_int4_bf16<R, MB, true>(src, rows, xr, nblocks, out);
-  } else {
-    block_int4_bf16<R, MB, false>(src, rows, xr, nblocks, out);
-  }
-}
-
-// Decode (M < kPrefillMinRows): tiles of 16 weight rows handed to the threads, blocks of bf16_rows_for(mb) rows x
-// mb activation rows; each output follows the order of the header above whatever mb.
+// Decode (M < kPrefillMinRows): a thread's tiles in order (one sequential stream), 4 activation rows a pass;
+// each output follows the order of the header above whatever the other rows.
 template <typename Epi>
 void run_int4_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& x, int64_t Kp, const Epi& epi) {
   const Bf16Rows xb = bf16_rows(x, Kp);
   std::vector<float> X(static_cast<size_t>(M * src.ngroups));
   group_sums_bf16(src, xb, M, Kp, X.data());
-  const int64_t ntiles = (N + kDecodeTileRows - 1) / kDecodeTileRows;
-  parallel_runs(ntiles, [&](int64_t t) {
+  parallel_runs((N + kDecodeTileRows - 1) / kDecodeTileRows, [&](int64_t t) {
     const int64_t n0 = t * kDecodeTileRows, n1 = std::min(N, n0 + kDecodeTileRows);
-    for (int64_t m0 = 0; m0 < M; m0 += kBf16MaxRows) {
-      const int mb = static_cast<int>(std::min<int64_t>(kBf16MaxRows, M - m0));
-      const uint16_t* xr[kBf16MaxRows];
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int mb = static_cast<int>(std::min<int64_t>(4, M - m0));
+      const uint16_t* xr[4];
       for (int m = 0; m < mb; ++m) xr[m] = xb.row(m0 + m);
-      alignas(64) float Z[kBf16MaxRows * 16];
-      zero_terms_bf16(src, n0, n1 - n0, X.data(), m0, mb, Z);
-      const int rmax = bf16_rows_for(mb);
-      for_row_blocks(n0, n1, rmax, [&](int64_t nb, int R, const int64_t* rows) {
-        float out[16];
-        switch (mb) {
-          case 1: run_block_int4_bf16<1>(src, rows, xr, Kp / 64, out); break;
-          case 2: run_block_int4_bf16<2>(src, rows, xr, Kp / 64, out); break;
-          case 3: run_block_int4_bf16<3>(src, rows, xr, Kp / 64, out); break;
-          case 4: run_block_int4_bf16<4>(src, rows, xr, Kp / 64, out); break;
-          case 5: run_block_int4_bf16<5>(src, rows, xr, Kp / 64, out); break;
-          case 6: run_block_int4_bf16<6>(src, rows, xr, Kp / 64, out); break;
-          default: run_block_int4_bf16<7>(src, rows, xr, Kp / 64, out); break;
-        }
-        for (int r = 0; r < R; ++r)
-          for (int m = 0; m < mb; ++m) epi(nb + r, m0 + m, out[r * mb + m] + Z[m * 16 + (nb + r - n0)]);
-      });
+      alignas(64) float out[4 * 16];
+      switch (mb) {
+        case 1: tile_int4_bf16<1>(src, t, xr, X.data() + m0 * src.ngroups, out); break;
+        case 2: tile_int4_bf16<2>(src, t, xr, X.data() + m0 * src.ngroups, out); break;
+        case 3: tile_int4_bf16<3>(src, t, xr, X.data() + m0 * src.ngroups, out); break;
+        default: tile_int4_bf16<4>(src, t, xr, X.data() + m0 * src.ngroups, out); break;
+      }
+      for (int64_t n = n0; n < n1; ++n)
+        for (int m = 0; m < mb; ++m) epi(n, m0 + m, out[m * 16 + (n - n0)]);
     }
   });
 }
-
 // ---- prefill (M >= kPrefillMinRows): a GEMM with a different, equally fixed order. Each output is ONE
 // chain y = fma(x_k, w_k, y) over k = 0 .. K-1 (from y = 0), the same on every instruction set. The weights of
 // a panel of 64 rows and a block of kKc k's are dequantized (to the same float32 values the decode path uses)
@@ -1018,15 +821,7 @@ inline void dequant_T_portable(const Int8Rows& src, int64_t n0, int64_t nrows, i
 inline void dequant_T_portable(const Int4Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc, float* Bp) {
   for (int64_t i = 0; i < kPanel; ++i) {
     const int64_t n = n0 + std::min(i, nrows - 1);
-    const uint8_t* row = src.p + n * src.row_bytes;
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t k = k0 + kk;
-      const uint8_t byte = row[(k / 64) * 32 + (k % 32)];
-      const int code = (k % 64) < 32 ? (byte & 15) : (byte >> 4);
-      const uint32_t bits = src.sz_bits(n, k);
-      Bp[kk * kPanel + i] = std::fma(static_cast<float>(code - 8), bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF)),
-                                     bf16_to_float(static_cast<uint16_t>(bits >> 16)));
-    }
+    for (int64_t kk = 0; kk < kc; ++kk) Bp[kk * kPanel + i] = src.weight(n, k0 + kk);
   }
 }
 
@@ -1056,39 +851,25 @@ QUANTA_AVX512 void dequant_T_avx512(const Int8Rows& src, int64_t n0, int64_t nro
 
 QUANTA_AVX512 void dequant_T_avx512(const Int4Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc,
                                     float* Bp) {
-  // k0 and kc are multiples of 64 here (kKc is; the packed rows are padded to 64), so whole 32-byte blocks
+  // n0 is a multiple of 64 and k0, kc of 64 here (kKc is; the packed tiles are padded to 64 k's): whole tiles and
+  // lines. A tile past the last row repeats the last tile (its outputs are dropped).
   const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t j = 0; j < kPanel / 16; ++j) {
-    alignas(64) int32_t off[16];
-    int64_t rows[16];
-    for (int i = 0; i < 16; ++i) {
-      rows[i] = n0 + std::min<int64_t>(16 * j + i, nrows - 1);
-      off[i] = static_cast<int32_t>((rows[i] - n0) * src.row_bytes);
-    }
-    const __m512i vo = _mm512_load_si512(off);
-    for (int64_t kb = 0; kb < kc; kb += 64) {
-      const int64_t k = k0 + kb;
-      __m512 s[2], z[2];  // rows' (scale, zero) for k .. k+31 and k+32 .. k+63
-      for (int h = 0; h < 2; ++h) {
-        alignas(64) float sv[16], zv[16];
-        for (int i = 0; i < 16; ++i) {
-          const uint32_t bits = src.sz_bits(rows[i], k + 32 * h);
-          sv[i] = bf16_to_float(static_cast<uint16_t>(bits & 0xFFFF));
-          zv[i] = bf16_to_float(static_cast<uint16_t>(bits >> 16));
-        }
-        s[h] = _mm512_load_ps(sv);
-        z[h] = _mm512_load_ps(zv);
+    const int64_t t = (n0 + std::min<int64_t>(16 * j, nrows - 1)) / 16;
+    const uint8_t* base = src.tile(t);
+    int64_t group = -1;
+    __m512 s = _mm512_setzero_ps(), z = s;
+    for (int64_t l = k0 / 8; l < (k0 + kc) / 8; ++l) {
+      if (src.group_of(8 * l) != group) {
+        group = src.group_of(8 * l);
+        s = bf16x16_avx512(src.sz16(t, group, 0));
+        z = bf16x16_avx512(src.sz16(t, group, 1));
       }
-      const uint8_t* base = src.p + n0 * src.row_bytes + (k / 64) * 32;
-      for (int64_t q = 0; q < 32; q += 4) {
-        const __m512i g = _mm512_i32gather_epi32(vo, base + q, 1);  // bytes q..q+3 of 16 rows
-        for (int t = 0; t < 4; ++t) {
-          const __m512i bt = _mm512_srli_epi32(g, 8 * t);
-          const __m512 lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(bt, lut), s[0], z[0]);
-          const __m512 hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(bt, 4), lut), s[1], z[1]);
-          _mm512_storeu_ps(Bp + (kb + q + t) * kPanel + 16 * j, lo);
-          _mm512_storeu_ps(Bp + (kb + 32 + q + t) * kPanel + 16 * j, hi);
-        }
+      const __m512i v = _mm512_loadu_si512(base + 64 * l);
+      QUANTA_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        const __m512i c = i == 0 ? v : _mm512_srli_epi32(v, int4_shift(i));
+        _mm512_storeu_ps(Bp + (8 * l - k0 + i) * kPanel + 16 * j, _mm512_fmadd_ps(_mm512_permutexvar_ps(c, lut), s, z));
       }
     }
   }
@@ -1258,25 +1039,18 @@ QUANTA_AVX512BF16 void pack_pairs(const Int8Rows& src, int64_t n0, int64_t nrows
   }
 }
 
-// The same for int4 codes, as bfloat16 (c - 8); k0 and kc are multiples of 64 (whole packed blocks).
+// The same for int4 codes, as bfloat16 (c - 8): a line gives 4 pairs of the tile's 16 rows, no transposition.
+// n0 is a multiple of 64, k0 and kc of 64 (whole lines); a tile past the last row repeats the last tile.
 QUANTA_AVX512BF16 void pack_pairs(const Int4Rows& src, int64_t n0, int64_t nrows, int64_t k0, int64_t kc,
                                   uint32_t* Bp) {
   const __m512i lut = _mm512_load_si512(kCodeMinus8Bf16);
-  for (int64_t kb = 0; kb < kc; kb += 64) {
-    for (int64_t j = 0; j < kPanel / 16; ++j) {
-      __m512i lo[16], hi[16];
-      for (int i = 0; i < 16; ++i) {
-        const uint8_t* row = src.p + (n0 + std::min<int64_t>(16 * j + i, nrows - 1)) * src.row_bytes + (k0 + kb) / 2;
-        const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
-        lo[i] = _mm512_permutexvar_epi16(v, lut);                       // k .. k + 31
-        hi[i] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);  // k + 32 .. k + 63
-      }
-      transpose16_epi32(lo);
-      transpose16_epi32(hi);
-      for (int p = 0; p < 16; ++p) {
-        _mm512_store_si512(Bp + (kb / 2 + p) * kPanel + 16 * j, lo[p]);
-        _mm512_store_si512(Bp + (kb / 2 + 16 + p) * kPanel + 16 * j, hi[p]);
-      }
+  for (int64_t j = 0; j < kPanel / 16; ++j) {
+    const uint8_t* base = src.tile((n0 + std::min<int64_t>(16 * j, nrows - 1)) / 16);
+    for (int64_t l = k0 / 8; l < (k0 + kc) / 8; ++l) {
+      const __m512i v = _mm512_loadu_si512(base + 64 * l);
+      QUANTA_UNROLL
+      for (int jj = 0; jj < 4; ++jj)
+        _mm512_store_si512(Bp + ((8 * l - k0) / 2 + jj) * kPanel + 16 * j, line_pairs_bf16(v, jj, lut));
     }
   }
 }
@@ -1446,7 +1220,7 @@ void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& 
       for (int64_t q = 0; q < ng; ++q) {
         const int64_t g = std::min<int64_t>((k0 + q * src.group) >> src.gshift, src.ngroups - 1);
         for (int64_t i = 0; i < kPanel; ++i)
-          sbuf.data()[q * kPanel + i] = i < nrows ? bf16_to_float(src.sz[(g * N + n0 + i) * 2]) : 0.0f;
+          sbuf.data()[q * kPanel + i] = i < nrows ? bf16_to_float(src.sz16((n0 + i) / 16, g, 0)[(n0 + i) % 16]) : 0.0f;
       }
       // 3 activation rows at a time keep S and P in registers through the block's groups
       for (int64_t m0 = 0; m0 < M; m0 += 3) {
@@ -1460,7 +1234,7 @@ void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& 
       const int mb = static_cast<int>(std::min<int64_t>(kBf16MaxRows, M - m0));
       for (int64_t j = 0; j * 16 < nrows; ++j) {
         alignas(64) float Z[kBf16MaxRows * 16];
-        zero_terms_bf16(src, n0 + 16 * j, std::min<int64_t>(16, nrows - 16 * j), X.data(), m0, mb, Z);
+        zero_terms_bf16(src, (n0 + 16 * j) / 16, X.data(), m0, mb, Z);
         for (int m = 0; m < mb; ++m)
           finish16_bf16(out, m0 + m, n0 + 16 * j, nrows - 16 * j, cbuf.data() + (m0 + m) * kPanel + 16 * j,
                         Z + m * 16);
@@ -1522,25 +1296,24 @@ at::Tensor int8_weight_only_linear(const at::Tensor& x, const at::Tensor& w, con
 }
 
 at::Tensor int4_weight_only_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& sz,
-                                   int64_t group_size, int64_t K, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
-              "quanta_cpu: packed must be uint8 [N, ceil(K/64)*32]");
-  const int64_t N = packed.size(0), M = x.size(0);
-  const int64_t Kp = round_up(std::max<int64_t>(K, 1), 64);
-  TORCH_CHECK(packed.size(1) == Kp / 2, "quanta_cpu: packed has ", packed.size(1), " bytes a row, K = ", K,
-              " needs ", Kp / 2);
-  TORCH_CHECK(group_size > 0 && group_size % 16 == 0, "quanta_cpu: group_size must be a multiple of 16");
+                                   int64_t group_size, int64_t K, int64_t N, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(N >= 1 && K >= 1, "quanta_cpu: N and K must be >= 1");
+  const int64_t M = x.size(0), tiles = (N + 15) / 16, Kp = round_up(K, 64);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous() &&
+                  packed.size(0) == tiles && packed.size(1) == 8 * Kp,
+              "quanta_cpu: packed must be contiguous uint8 [ceil(N/16), 8 * Kp] = [", tiles, ", ", 8 * Kp, "]");
+  TORCH_CHECK(group_size >= 32 && group_size <= 256 && (group_size & (group_size - 1)) == 0,
+              "quanta_cpu: group_size must be 32, 64, 128 or 256");
   const int64_t ngroups = (K + group_size - 1) / group_size;
-  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.dim() == 3 && sz.size(0) == ngroups &&
-                  sz.size(1) == N && sz.size(2) == 2,
-              "quanta_cpu: scale_and_zero must be bfloat16 [ceil(K/group_size), N, 2]");
+  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.dim() == 4 && sz.size(0) == tiles &&
+                  sz.size(1) == ngroups && sz.size(2) == 2 && sz.size(3) == 16,
+              "quanta_cpu: scale_and_zero must be contiguous bfloat16 [ceil(N/16), ceil(K/group_size), 2, 16]");
   check_x(x, K);
   const float* b = bias_ptr(bias, N);
   const auto kind = out_kind(x.scalar_type());
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
-  TORCH_CHECK((group_size & (group_size - 1)) == 0, "quanta_cpu: group_size must be a power of two");
-  const Int4Rows src{packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), K, N, Kp / 2,
+  const Int4Rows src{packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), K, N, Kp / 8,
                      group_size, ngroups, __builtin_ctzll(static_cast<unsigned long long>(group_size))};
   void* out = y.data_ptr();
   const auto epi = [&](int64_t n, int64_t m, float v) { store_out(out, m * N + n, b ? v + b[n] : v, kind); };
@@ -1812,7 +1585,7 @@ int64_t abi_version() { return kAbiVersion; }
 
 TORCH_LIBRARY(quanta_cpu, m) {
   m.def("int8_weight_only_linear(Tensor x, Tensor w, Tensor scale, Tensor? bias) -> Tensor");
-  m.def("int4_weight_only_linear(Tensor x, Tensor packed, Tensor scale_and_zero, int group_size, int K, "
+  m.def("int4_weight_only_linear(Tensor x, Tensor packed, Tensor scale_and_zero, int group_size, int K, int N, "
         "Tensor? bias) -> Tensor");
   m.def("int8_dynamic_linear(Tensor qx, Tensor? zx, Tensor sx, Tensor w, Tensor sw, Tensor colsum, Tensor? bias, "
         "ScalarType out_dtype) -> Tensor");
