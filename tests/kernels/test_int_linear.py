@@ -277,6 +277,10 @@ def test_int4_bad_inputs_name_the_argument():
     x = torch.randn(2, 64)
     with pytest.raises(ValueError, match="out_features"):
         int4_cpu_linear(x, packed, sz, 32, 32)
+    with pytest.raises(ValueError, match="more than N = 15 rows"):
+        int4_cpu_linear(x, packed, sz, 32, 15)  # a 16-row weight, asked for 15 outputs
+    with pytest.raises(ValueError, match="more than N = 3 rows"):
+        unpack_int4_cpu(packed, sz, 32, 3, 64)
     with pytest.raises(TypeError, match="out_features"):
         int4_cpu_linear(x, packed, sz, 32, 16.0)
     with pytest.raises(ValueError, match="scale_and_zero"):

@@ -443,6 +443,11 @@ def _check_int4_packed(packed_weight: object, scale_and_zero: object, group_size
             f"scale_and_zero must be the contiguous bfloat16 {want} tensor from pack_int4_cpu, got "
             f"{sz.dtype} {tuple(sz.shape)}"
         )
+    # the last tile's rows from n on must be padding (scale and zero 0): a weight of more rows than n would
+    # otherwise pass the shape checks and lose its last rows
+    if n % _INT4_TILE_ROWS and bool(sz[-1, :, :, n % _INT4_TILE_ROWS:].any()):
+        raise ValueError(f"the packed weight has more than N = {n} rows (its last tile holds rows past {n}); "
+                         "out_features (N) must be the packed weight's own")
     return p, sz, group_size
 
 
