@@ -246,6 +246,30 @@ def test_int4_packing_is_documented_and_machine_independent():
     assert sz[1, 2, 0, :2].tolist() == [51.0, 0.0] and sz[1, 2, 1, :2].tolist() == [-50.0, 0.0]
 
 
+def test_large_packed_weights_are_huge_page_backed_exact_copies(tmp_path):
+    import mmap
+
+    from quanta.kernels import int_linear as K
+
+    n, k = 4096, 1024  # 2 MiB of packed codes: one huge page
+    codes, scale, zero = _int4_weight(n, k, 128, seed=5)
+    packed, sz = pack_int4_cpu(codes, scale, zero, 128)
+    assert packed.untyped_storage().nbytes() == packed.numel()  # no slack that torch.save would write
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        assert packed.data_ptr() % (2 << 20) == 0
+    assert torch.equal(unpack_int4_cpu(packed, sz, 128, n, k)[0], codes)
+    x = _x((2,), k, torch.bfloat16, seed=6)
+    _assert_close_to_reference(int4_cpu_linear(x, packed, sz, 128, n), x, _int4_dequantized(codes, scale, zero, 128),
+                               None, torch.bfloat16)
+    torch.save(packed, tmp_path / "p.pt")
+    assert torch.equal(torch.load(tmp_path / "p.pt"), packed)
+    t = torch.arange(3 << 20, dtype=torch.int32).view(3, -1)[:, ::2]  # not contiguous
+    c = K._huge_page_backed(t)
+    assert torch.equal(c, t) and c.is_contiguous() and c.data_ptr() != t.data_ptr()
+    small = torch.ones(4, 5)
+    assert torch.equal(K._huge_page_backed(small), small)
+
+
 def test_int4_fp16_result_just_below_fp16_max_is_exact():
     codes = torch.full((16, 32), 9, dtype=torch.uint8)  # weight (9 - 8) * 1 + 0 = 1
     packed, sz = pack_int4_cpu(codes, torch.ones(16, 1), torch.zeros(16, 1), 32)

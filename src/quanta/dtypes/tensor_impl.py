@@ -30,6 +30,7 @@ from quanta.dtypes.layouts import (
     UintxLayout,
 )
 from quanta.kernels.int_linear import (
+    _huge_page_backed,
     check_int4_cpu_shape,
     int4_cpu_packed_shape,
     int4_cpu_scale_and_zero_shape,
@@ -65,7 +66,14 @@ def _all_zero(t: Optional[torch.Tensor]) -> bool:
 
 
 def _aligned_codes(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous codes start on a 64-byte boundary (the int8 CPU kernel needs aligned rows); views stay views."""
+    """Contiguous codes start on a 64-byte boundary (the int8 CPU kernel needs aligned rows); views stay views.
+
+    A 2-D int8 weight that owns its whole storage (as quantizing makes it) moves to huge-page backed memory
+    when it spans a huge page (see ``quanta.kernels.int_linear._huge_page_backed``: decode streams it once a
+    token)."""
+    owns_storage = t._base is None and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    if t.dtype == torch.int8 and t.dim() == 2 and t.is_contiguous() and owns_storage and t.device.type == "cpu":
+        return _huge_page_backed(t)
     if t.is_contiguous() and t.numel() and t.data_ptr() % 64:
         return t.clone()
     return t

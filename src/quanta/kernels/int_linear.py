@@ -98,6 +98,7 @@ results up to float32 rounding. These are inference kernels: no gradient reaches
 
 from __future__ import annotations
 
+import mmap
 import weakref
 
 import torch
@@ -128,6 +129,7 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT8_PACK_K_MULTIPLE = 16  # torch._weight_int8pack_mm's constraint (the fallback only)
 _BF16_ALIGN = 32  # bytes: torch's int8 kernel loads 16 bfloat16 activations with aligned 256-bit loads
 _WEIGHT_ALIGN = 64
+_HUGE_PAGE = 2 << 20  # bytes: x86-64's transparent huge page
 _INT4_GROUP_SIZES = (32, 64, 128, 256)
 _INT4_BLOCK = 64  # the int4 packing pads k to whole blocks of 64
 _INT4_TILE_ROWS = 16  # weight rows per tile of the int4 packing (one per 32-bit vector lane)
@@ -194,6 +196,33 @@ def _aligned(t: torch.Tensor, align: int) -> torch.Tensor:
     """``t`` contiguous, copied when its data does not start on an ``align``-byte boundary."""
     t = t.contiguous()
     return t if t.data_ptr() % align == 0 else t.clone()
+
+
+def _huge_page_backed(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` (contiguous) in its own anonymous mapping, 2 MiB aligned, its whole 2 MiB pages advised
+    as transparent huge pages (Linux); ``_aligned(t, 64)`` where that is not available or ``t`` is smaller.
+
+    Decode streams each packed weight from memory once a token; with 4 KiB pages the hardware prefetchers
+    stop at every page boundary. Measured on issue 17's model (the 113 int4 GEMVs of a token, 2 Zen 4 cores,
+    alternating runs): groups of 128 13.9-14.9 -> 13.4-14.4 ms, groups of 32 15.8-16.1 -> 15.1-16.3 ms. The
+    partial last page stays in small pages (no memory beyond the tensor's own is touched), and the tensor's
+    storage is exactly its bytes (``torch.save`` writes nothing more).
+    """
+    t = t.contiguous()
+    nbytes = t.numel() * t.element_size()
+    if nbytes < _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return _aligned(t, _WEIGHT_ALIGN)
+    if t.data_ptr() % _HUGE_PAGE == 0:  # already placed (a weight rebuilt from its own codes)
+        return t
+    try:
+        buf = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE)  # private: shared memory gets no THP
+        base = torch.frombuffer(buf, dtype=torch.uint8, count=1).data_ptr()
+        offset = -base % _HUGE_PAGE
+        buf.madvise(mmap.MADV_HUGEPAGE, offset, nbytes // _HUGE_PAGE * _HUGE_PAGE)
+    except (OSError, ValueError):  # no such mapping or advice here: the plain copy
+        return _aligned(t, _WEIGHT_ALIGN)
+    out = torch.frombuffer(buf, dtype=t.dtype, count=t.numel(), offset=offset).view(t.shape)
+    return out.copy_(t)
 
 
 def _to_bf16_2d(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -424,7 +453,7 @@ def pack_int4_cpu(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, 
     # the row's 32-bit word, byte by byte: (k0, k2), (k4, k6), (k1, k3), (k5, k7) as (low, high) nibbles
     words = torch.stack([q[..., 0] | (q[..., 2] << 4), q[..., 4] | (q[..., 6] << 4),
                          q[..., 1] | (q[..., 3] << 4), q[..., 5] | (q[..., 7] << 4)], dim=-1)
-    return _aligned(words.reshape(tiles, tile_bytes), _WEIGHT_ALIGN), _aligned(scale_and_zero, _WEIGHT_ALIGN)
+    return _huge_page_backed(words.reshape(tiles, tile_bytes)), _huge_page_backed(scale_and_zero)
 
 
 def _check_int4_packed(packed_weight: object, scale_and_zero: object, group_size: object, n: int, k: int
