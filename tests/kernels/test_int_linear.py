@@ -236,7 +236,8 @@ def test_int4_packing_is_documented_and_machine_independent():
     packed, sz = pack_int4_cpu(codes, scale, zero, 32)
     assert packed.shape == (2, 1024) and sz.shape == (2, 3, 2, 16)
     t0, t1 = packed[0].tolist(), packed[1].tolist()
-    # row r's word at byte 4 r of each 64-byte line: bytes (k0 | k2 << 4), (k4 | k6 << 4), (k1 | k3 << 4), (k5 | k7 << 4)
+    # row r's word at byte 4 r of each 64-byte line, bytes (k0 | k2 << 4), (k4 | k6 << 4), (k1 | k3 << 4),
+    # (k5 | k7 << 4)
     assert t0[0:4] == [0x31, 0x75, 0x42, 0x96] and t0[4:8] == [0, 0, 0, 0]
     assert t0[64 + 8:64 + 12] == [0x0A, 0, 0, 0xB0]  # k = 8 at byte 0's low nibble, k = 15 at byte 3's high
     assert t1[8 * 64:8 * 64 + 4] == [0x00, 0x80, 0x00, 0x8C]  # k = 64..69, then padding codes 8 (k = 70, 71)

@@ -33,8 +33,8 @@ where the true result does. The order: int8 GEMV rows (M < 8) sum each output in
 16 lanes (lane ``l`` takes ``k = 16c + l``) added by a fixed tree; int4 GEMV rows
 in four chains ``a_j`` over the ``k = j mod 4`` in increasing order, then
 ``(a_0 + a_1) + (a_2 + a_3)``; the GEMM sums each output as one chain over ``k``.
-So the two row counts may differ in the last bits; each is reproducible on every CPU. The int8 dynamic path's integer
-part is exact, and its scaling is the reference's, so it matches
+So the two row counts may differ in the last bits; each is reproducible on every
+CPU. The int8 dynamic path's integer part is exact, and its scaling is the reference's, so it matches
 :func:`quanta.kernels.int_linear_reference.int8_dynamic_reference` bit for bit;
 from 32 rows on, its integer part is torch's blocked int8 GEMM (``torch._int_mm``,
 oneDNN, on the stored ``[N, K]`` codes), which gives the same exact sums
@@ -66,7 +66,8 @@ These orders differ from the common paths' in the last bits (a bfloat16 output
 rarely shows it), and int4 decode rows from int4 prefill rows: decode sums
 ``P_g`` in four chains (the pairs ``(8l + 2j, 8l + 2j + 1)`` of each 8-k line ``l``
 into chain ``j``, added as ``(P_0 + P_1) + (P_2 + P_3)``), prefill in one chain per
-output; each is reproducible across thread counts and the rows of a call. ``force_isa("avx512")`` runs the common paths on such a CPU.
+output; each is reproducible across thread counts and the rows of a call.
+``force_isa("avx512")`` runs the common paths on such a CPU.
 
 The activation quantization of the dynamic path is torchao's (0.15), computed
 by the torchao-convention kernels in :mod:`quanta.kernels.zero_point`:
