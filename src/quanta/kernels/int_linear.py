@@ -31,8 +31,8 @@ error against the exact result is that of a float32 dot product:
 (``2**-8`` relative for bfloat16, ``2**-11`` for float16); float16 overflows only
 where the true result does. The order: int8 GEMV rows (M < 8) sum each output in
 16 lanes (lane ``l`` takes ``k = 16c + l``) added by a fixed tree; int4 GEMV rows
-in four chains ``a_j`` over the ``k = j mod 4`` in increasing order, then
-``(a_0 + a_1) + (a_2 + a_3)``; the GEMM sums each output as one chain over ``k``.
+in two chains ``a_j`` over the ``k = j mod 2`` in increasing order, then
+``a_0 + a_1``; the GEMM sums each output as one chain over ``k``.
 So the two row counts may differ in the last bits; each is reproducible on every
 CPU. The int8 dynamic path's integer part is exact, and its scaling is the reference's, so it matches
 :func:`quanta.kernels.int_linear_reference.int8_dynamic_reference` bit for bit;

@@ -16,8 +16,8 @@
 //  int8 decode GEMV (M < 8): k is split into 16 lanes (lane l takes k = 16c + l, c = 0, 1, ...), each lane
 //    accumulates acc = fma(x_k, w_k, acc) in increasing k, and the 16 lanes are added by the tree
 //    t8[i] = a[i] + a[i+8], t4[i] = t8[i] + t8[i+4], t2[i] = t4[i] + t4[i+2], t1 = t2[0] + t2[1].
-//  int4 decode GEMV (M < 8): four chains a_j = fma(x_k, w_k, a_j) over the k = j mod 4 in increasing order
-//    (from 0), y = (a_0 + a_1) + (a_2 + a_3); each vector lane is a weight row (16 rows of a tile at once).
+//  int4 decode GEMV (M < 8): two chains a_j = fma(x_k, w_k, a_j) over the k = j mod 2 in increasing order
+//    (from 0), y = a_0 + a_1; each vector lane is a weight row (16 rows of a tile at once).
 //  prefill GEMM (M >= 8): one chain y = fma(x_k, w_k, y) over k = 0 .. K-1 per output.
 // Padding (k >= K) adds x = 0 times a finite weight, which changes nothing. The output is rounded once, to the
 // output dtype, after scale and bias.
@@ -465,15 +465,16 @@ QUANTA_AVX512 void block_avx512(const Int8Rows& src, const int64_t* rows, const 
 
 // ---- int4 decode (common paths): a tile of 16 weight rows, one row per vector lane, MB activation rows. Per
 // group, the tile's 16 (scale, zero) pairs are two vectors; per 64-byte line, the 8 k's of the 16 rows are
-// shifted out of the rows' words and dequantized, w = fma(c - 8, s, z), then a_{k mod 4} = fma(x_k, w, a_{k mod 4})
-// (the order of the header). out[m * 16 + r] for row 16t + r.
+// shifted out of the rows' words and dequantized, w = fma(c - 8, s, z), then a_{k mod 2} = fma(x_k, w, a_{k mod 2})
+// (the order of the header: two chains, so that AVX2's 16 registers hold 4 activation rows' accumulators). out[m *
+// 16 + r] for row 16t + r.
 inline void tile_int4_portable(const Int4Rows& src, int64_t t, const float* const* xr, int mb, float* out) {
   for (int r = 0; r < 16; ++r) {
     const int64_t n = 16 * t + r;
     for (int m = 0; m < mb; ++m) {
-      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t k = 0; k < 8 * src.nlines; ++k) a[k & 3] = std::fma(xr[m][k], src.weight(n, k), a[k & 3]);
-      out[m * 16 + r] = (a[0] + a[1]) + (a[2] + a[3]);
+      float a[2] = {0.0f, 0.0f};
+      for (int64_t k = 0; k < 8 * src.nlines; ++k) a[k & 1] = std::fma(xr[m][k], src.weight(n, k), a[k & 1]);
+      out[m * 16 + r] = a[0] + a[1];
     }
   }
 }
@@ -487,10 +488,9 @@ QUANTA_AVX2 inline __m256 bf16x8_avx2(const uint16_t* p) {
 // 8 rows (half h of the tile) per 8-lane vector; the codes as integers: c - 8 converted exactly.
 template <int MB>
 QUANTA_AVX2 void tile_int4_avx2(const Int4Rows& src, int64_t t, int h, const float* const* xr, float* out) {
-  __m256 a[MB][4];
+  __m256 a[MB][2];
   QUANTA_UNROLL
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < 4; ++j) a[m][j] = _mm256_setzero_ps();
+  for (int m = 0; m < MB; ++m) a[m][0] = a[m][1] = _mm256_setzero_ps();
   const __m256i nibble = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
   const uint8_t* base = src.tile(t) + 32 * h;
   for (int64_t g = 0; g < src.ngroups; ++g) {
@@ -502,14 +502,13 @@ QUANTA_AVX2 void tile_int4_avx2(const Int4Rows& src, int64_t t, int h, const flo
         const __m256i c = _mm256_and_si256(_mm256_srli_epi32(v, int4_shift(i)), nibble);
         const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, eight)), s, z);
         QUANTA_UNROLL
-        for (int m = 0; m < MB; ++m) a[m][i & 3] = _mm256_fmadd_ps(_mm256_set1_ps(xr[m][8 * l + i]), w, a[m][i & 3]);
+        for (int m = 0; m < MB; ++m) a[m][i & 1] = _mm256_fmadd_ps(_mm256_set1_ps(xr[m][8 * l + i]), w, a[m][i & 1]);
       }
     }
   }
   QUANTA_UNROLL
   for (int m = 0; m < MB; ++m)
-    _mm256_storeu_ps(out + m * 16 + 8 * h,
-                     _mm256_add_ps(_mm256_add_ps(a[m][0], a[m][1]), _mm256_add_ps(a[m][2], a[m][3])));
+    _mm256_storeu_ps(out + m * 16 + 8 * h, _mm256_add_ps(a[m][0], a[m][1]));
 }
 
 // bfloat16 bits (16 contiguous) -> float32 vector
@@ -522,10 +521,9 @@ QUANTA_AVX512 inline __m512 bf16x16_avx512(const uint16_t* p) {
 template <int MB>
 QUANTA_AVX512 void tile_int4_avx512(const Int4Rows& src, int64_t t, const float* const* xr, float* out) {
   const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-  __m512 a[MB][4];
+  __m512 a[MB][2];
   QUANTA_UNROLL
-  for (int m = 0; m < MB; ++m)
-    for (int j = 0; j < 4; ++j) a[m][j] = _mm512_setzero_ps();
+  for (int m = 0; m < MB; ++m) a[m][0] = a[m][1] = _mm512_setzero_ps();
   const uint8_t* base = src.tile(t);
   for (int64_t g = 0; g < src.ngroups; ++g) {
     const __m512 s = bf16x16_avx512(src.sz16(t, g, 0)), z = bf16x16_avx512(src.sz16(t, g, 1));
@@ -537,16 +535,16 @@ QUANTA_AVX512 void tile_int4_avx512(const Int4Rows& src, int64_t t, const float*
         const __m512i c = i == 0 ? v : _mm512_srli_epi32(v, int4_shift(i));
         const __m512 w = _mm512_fmadd_ps(_mm512_permutexvar_ps(c, lut), s, z);
         QUANTA_UNROLL
-        for (int m = 0; m < MB; ++m) a[m][i & 3] = _mm512_fmadd_ps(_mm512_set1_ps(xr[m][8 * l + i]), w, a[m][i & 3]);
+        for (int m = 0; m < MB; ++m) a[m][i & 1] = _mm512_fmadd_ps(_mm512_set1_ps(xr[m][8 * l + i]), w, a[m][i & 1]);
       }
     }
   }
   QUANTA_UNROLL
   for (int m = 0; m < MB; ++m)
-    _mm512_storeu_ps(out + m * 16, _mm512_add_ps(_mm512_add_ps(a[m][0], a[m][1]), _mm512_add_ps(a[m][2], a[m][3])));
+    _mm512_storeu_ps(out + m * 16, _mm512_add_ps(a[m][0], a[m][1]));
 }
 
-// MB <= 4 activation rows of tile t on the given instruction set (AVX2: two activation rows a pass, 16 registers).
+// MB <= 4 activation rows of tile t on the given instruction set (AVX2: each half of the tile in turn).
 void tile_int4(int64_t isa, const Int4Rows& src, int64_t t, const float* const* xr, int mb, float* out) {
   if (isa >= AVX512) {
     switch (mb) {
@@ -556,14 +554,14 @@ void tile_int4(int64_t isa, const Int4Rows& src, int64_t t, const float* const* 
       default: tile_int4_avx512<4>(src, t, xr, out); break;
     }
   } else if (isa == AVX2) {
-    for (int m0 = 0; m0 < mb; m0 += 2)
-      for (int h = 0; h < 2; ++h) {
-        if (mb - m0 >= 2) {
-          tile_int4_avx2<2>(src, t, h, xr + m0, out + m0 * 16);
-        } else {
-          tile_int4_avx2<1>(src, t, h, xr + m0, out + m0 * 16);
-        }
+    for (int h = 0; h < 2; ++h) {
+      switch (mb) {
+        case 1: tile_int4_avx2<1>(src, t, h, xr, out); break;
+        case 2: tile_int4_avx2<2>(src, t, h, xr, out); break;
+        case 3: tile_int4_avx2<3>(src, t, h, xr, out); break;
+        default: tile_int4_avx2<4>(src, t, h, xr, out); break;
       }
+    }
   } else {
     tile_int4_portable(src, t, xr, mb, out);
   }
