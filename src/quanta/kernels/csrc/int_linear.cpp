@@ -988,6 +988,7 @@ void run_prefill(int64_t isa, const Src& src, int64_t N, int64_t M, int64_t K, c
 //         (from 0), y = S + Z with Z as in the decode path above.
 // Padding (k >= K) adds x = 0 times a zero or finite weight. vdpbf16ps flushes subnormal inputs and results.
 constexpr int64_t kKcBf16 = 256;
+static_assert(kKcBf16 >= 256, "a k block holds whole groups of every size the int4 op takes (32 .. 256)");
 
 inline __mmask16 mask16(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1u);
@@ -1315,7 +1316,7 @@ at::Tensor int4_weight_only_linear(const at::Tensor& x, const at::Tensor& packed
                      group_size, ngroups, __builtin_ctzll(static_cast<unsigned long long>(group_size))};
   void* out = y.data_ptr();
   const auto epi = [&](int64_t n, int64_t m, float v) { store_out(out, m * N + n, b ? v + b[n] : v, kind); };
-  if (active_isa() == AVX512_BF16 && kind == OUT_BF16 && group_size >= 32 && group_size <= kKcBf16) {
+  if (active_isa() == AVX512_BF16 && kind == OUT_BF16) {  // every group size the op takes fits kKcBf16
     if (M < kPrefillMinRows) {
       run_int4_bf16(src, N, M, x, Kp, epi);
     } else {
