@@ -185,7 +185,9 @@ def test_bf16_paths_rows_do_not_depend_on_threads_or_the_other_rows(at_thread_co
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
     qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g))
     _, packed, sz = _int4_weight(n, k, 32, g)
-    x = torch.randn(75, k, generator=g).to(torch.bfloat16)  # crosses the 64-row blocks
+    # 75 rows cross the 64-row blocks, and int4 takes them 6 at a time against half panels (20 rows: 3 at a time
+    # against whole ones): the same sums in the same order
+    x = torch.randn(75, k, generator=g).to(torch.bfloat16)
     calls = {"int8": lambda a: int8_weight_only_linear(a, qw, s),
              "int4": lambda a: int4_cpu_linear(a, packed, sz, 32, n)}
     for name, f in calls.items():

@@ -13,7 +13,9 @@ Decode-sized inputs (fewer than 8 rows) take a vectorised GEMV that converts the
 weights in registers as they stream past (int4: one weight row per vector lane,
 16 rows of a tile at once, the tile's codes one sequential stream); larger
 inputs take a GEMM that dequantizes a panel of weights into a cache (transposed)
-and keeps a 6 x 64 output tile in registers. AVX-512, AVX2 and a portable C++ path are chosen at
+and keeps a 6 x 64 output tile in registers (the bfloat16 int4 GEMM, which also keeps each
+group's partial sums there: 3 x 64, or 6 x 32 from 64 rows on, the same sums in the same
+order). AVX-512, AVX2 and a portable C++ path are chosen at
 run time and give the same bits (tested; :func:`quanta.kernels.int_linear_native.force_isa`).
 On CPUs with AVX512-BF16 (``vdpbf16ps``: AMD Zen 4 and later, Intel Cooper Lake,
 Sapphire Rapids and later), bfloat16 activations take faster paths with their own

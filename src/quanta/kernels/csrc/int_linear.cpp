@@ -988,6 +988,10 @@ void run_prefill(int64_t isa, const Src& src, int64_t N, int64_t M, int64_t K, c
 //         (from 0), y = S + Z with Z as in the decode path above.
 // Padding (k >= K) adds x = 0 times a zero or finite weight. vdpbf16ps flushes subnormal inputs and results.
 constexpr int64_t kKcBf16 = 256;
+// int4 GEMM rows from which the micro-kernel takes 6 rows against half a panel instead of 3 against all of it
+// (measured, issue 17's layer shapes, 2 Zen 4 cores: 1-3 % faster from 64 rows on, 1-2 % slower below for groups
+// of 128)
+constexpr int64_t kHalfPanelMinRows = 64;
 static_assert(kKcBf16 >= 256, "a k block holds whole groups of every size the int4 op takes (32 .. 256)");
 
 inline __mmask16 mask16(int64_t left) {
@@ -1054,20 +1058,20 @@ QUANTA_AVX512BF16 void pack_pairs(const Int4Rows& src, int64_t n0, int64_t nrows
   }
 }
 
-// One pair step of the micro-kernels below: acc[m][j] += the pair p of x row m against Bp's 16-row vector j.
-template <int MR>
+// One pair step of the micro-kernels below: acc[m][j] += the pair p of x row m against Bp's 16-row vector j
+// (j < NV: NV = 4 is a whole panel, NV = 2 the half of one that Bp points at).
+template <int MR, int NV = 4>
 QUANTA_AVX512BF16 __attribute__((always_inline)) inline void pair_step_bf16(const uint32_t* Bp, int64_t p,
                                                                             const uint16_t* const* xr,
-                                                                            __m512 (*acc)[4]) {
-  const __m512i b0 = _mm512_load_si512(Bp + p * kPanel), b1 = _mm512_load_si512(Bp + p * kPanel + 16);
-  const __m512i b2 = _mm512_load_si512(Bp + p * kPanel + 32), b3 = _mm512_load_si512(Bp + p * kPanel + 48);
+                                                                            __m512 (*acc)[NV]) {
+  __m512i b[NV];
+  QUANTA_UNROLL
+  for (int j = 0; j < NV; ++j) b[j] = _mm512_load_si512(Bp + p * kPanel + 16 * j);
   QUANTA_UNROLL
   for (int m = 0; m < MR; ++m) {
     const __m512bh xb = (__m512bh)_mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xr[m] + 2 * p));
-    acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xb, (__m512bh)b0);
-    acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xb, (__m512bh)b1);
-    acc[m][2] = _mm512_dpbf16_ps(acc[m][2], xb, (__m512bh)b2);
-    acc[m][3] = _mm512_dpbf16_ps(acc[m][3], xb, (__m512bh)b3);
+    QUANTA_UNROLL
+    for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, (__m512bh)b[j]);
   }
 }
 
@@ -1102,27 +1106,28 @@ void gemm_mk_bf16_rows(int mr, const uint32_t* Bp, const uint16_t* const* xr, in
   }
 }
 
-// int4: MR <= 3 rows keep S (C) and P both in registers through the ng groups (GP pairs each; the last may be
-// shorter) of a k block.
-template <int MR, int GP>
+// int4: MR rows and NV vectors (MR * NV <= 12) keep S (C) and P both in registers through the ng groups (GP
+// pairs each; the last may be shorter) of a k block.
+template <int MR, int GP, int NV>
 QUANTA_AVX512BF16 void gemm_mk_bf16_groups(const uint32_t* Bp, const uint16_t* const* xr, int64_t ng,
                                            int64_t npairs, const float* s, float* C) {
-  __m512 c[MR][4], P[MR][4];
+  static_assert(MR * NV <= 12, "S and P must fit the 32 vector registers beside the B vectors");
+  __m512 c[MR][NV], P[MR][NV];
   QUANTA_UNROLL
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 4; ++j) c[m][j] = _mm512_loadu_ps(C + m * kPanel + 16 * j);
+    for (int j = 0; j < NV; ++j) c[m][j] = _mm512_loadu_ps(C + m * kPanel + 16 * j);
   for (int64_t q = 0; q < ng; ++q) {
     QUANTA_UNROLL
     for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < 4; ++j) P[m][j] = _mm512_setzero_ps();
+      for (int j = 0; j < NV; ++j) P[m][j] = _mm512_setzero_ps();
     const int64_t p0 = q * GP, p1 = std::min<int64_t>(npairs, p0 + GP);
     if (p1 - p0 == GP) {
-      for (int64_t p = p0; p < p0 + GP; ++p) pair_step_bf16<MR>(Bp, p, xr, P);  // a constant trip count
+      for (int64_t p = p0; p < p0 + GP; ++p) pair_step_bf16<MR, NV>(Bp, p, xr, P);  // a constant trip count
     } else {
-      for (int64_t p = p0; p < p1; ++p) pair_step_bf16<MR>(Bp, p, xr, P);
+      for (int64_t p = p0; p < p1; ++p) pair_step_bf16<MR, NV>(Bp, p, xr, P);
     }
     QUANTA_UNROLL
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < NV; ++j) {
       const __m512 sj = _mm512_load_ps(s + q * kPanel + 16 * j);
       QUANTA_UNROLL
       for (int m = 0; m < MR; ++m) c[m][j] = _mm512_fmadd_ps(sj, P[m][j], c[m][j]);
@@ -1130,26 +1135,31 @@ QUANTA_AVX512BF16 void gemm_mk_bf16_groups(const uint32_t* Bp, const uint16_t* c
   }
   QUANTA_UNROLL
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(C + m * kPanel + 16 * j, c[m][j]);
 }
 
-template <int MR>
+template <int MR, int NV>
 void run_groups_bf16_rows(int64_t group, const uint32_t* Bp, const uint16_t* const* xr, int64_t ng, int64_t npairs,
                           const float* s, float* C) {
   switch (group) {
-    case 32: gemm_mk_bf16_groups<MR, 16>(Bp, xr, ng, npairs, s, C); break;
-    case 64: gemm_mk_bf16_groups<MR, 32>(Bp, xr, ng, npairs, s, C); break;
-    case 128: gemm_mk_bf16_groups<MR, 64>(Bp, xr, ng, npairs, s, C); break;
-    default: gemm_mk_bf16_groups<MR, 128>(Bp, xr, ng, npairs, s, C); break;  // 256 (checked by the op)
+    case 32: gemm_mk_bf16_groups<MR, 16, NV>(Bp, xr, ng, npairs, s, C); break;
+    case 64: gemm_mk_bf16_groups<MR, 32, NV>(Bp, xr, ng, npairs, s, C); break;
+    case 128: gemm_mk_bf16_groups<MR, 64, NV>(Bp, xr, ng, npairs, s, C); break;
+    default: gemm_mk_bf16_groups<MR, 128, NV>(Bp, xr, ng, npairs, s, C); break;  // 256 (checked by the op)
   }
 }
 
+// mr <= 3 rows against a whole panel (NV = 4), or mr <= 6 rows against the half panel at Bp, s, C (NV = 2)
+template <int NV>
 void run_groups_bf16(int mr, int64_t group, const uint32_t* Bp, const uint16_t* const* xr, int64_t ng,
                      int64_t npairs, const float* s, float* C) {
-  switch (mr) {
-    case 1: run_groups_bf16_rows<1>(group, Bp, xr, ng, npairs, s, C); break;
-    case 2: run_groups_bf16_rows<2>(group, Bp, xr, ng, npairs, s, C); break;
-    default: run_groups_bf16_rows<3>(group, Bp, xr, ng, npairs, s, C); break;
+  switch (std::min(mr, 12 / NV)) {
+    case 1: run_groups_bf16_rows<1, NV>(group, Bp, xr, ng, npairs, s, C); break;
+    case 2: run_groups_bf16_rows<2, NV>(group, Bp, xr, ng, npairs, s, C); break;
+    case 3: run_groups_bf16_rows<3, NV>(group, Bp, xr, ng, npairs, s, C); break;
+    case 4: run_groups_bf16_rows<4, 2>(group, Bp, xr, ng, npairs, s, C); break;
+    case 5: run_groups_bf16_rows<5, 2>(group, Bp, xr, ng, npairs, s, C); break;
+    default: run_groups_bf16_rows<6, 2>(group, Bp, xr, ng, npairs, s, C); break;
   }
 }
 
@@ -1221,12 +1231,25 @@ void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& 
         for (int64_t i = 0; i < kPanel; ++i)
           sbuf.data()[q * kPanel + i] = i < nrows ? bf16_to_float(src.sz16((n0 + i) / 16, g, 0)[(n0 + i) % 16]) : 0.0f;
       }
-      // 3 activation rows at a time keep S and P in registers through the block's groups
-      for (int64_t m0 = 0; m0 < M; m0 += 3) {
-        const int mr = static_cast<int>(std::min<int64_t>(3, M - m0));
-        const uint16_t* xr[3];
-        for (int m = 0; m < mr; ++m) xr[m] = xb.row(m0 + m) + k0;
-        run_groups_bf16(mr, src.group, Bp, xr, ng, kc / 2, sbuf.data(), cbuf.data() + m0 * kPanel);
+      // S and P stay in registers through the block's groups: 3 activation rows against the whole panel, or, from
+      // kHalfPanelMinRows rows on, 6 rows against each half of it in turn (half the B bytes a dp: the half
+      // panel stays in L1 through all the rows; the same sums in the same order either way)
+      if (M < kHalfPanelMinRows) {
+        for (int64_t m0 = 0; m0 < M; m0 += 3) {
+          const int mr = static_cast<int>(std::min<int64_t>(3, M - m0));
+          const uint16_t* xr[3];
+          for (int m = 0; m < mr; ++m) xr[m] = xb.row(m0 + m) + k0;
+          run_groups_bf16<4>(mr, src.group, Bp, xr, ng, kc / 2, sbuf.data(), cbuf.data() + m0 * kPanel);
+        }
+      } else {
+        for (int64_t h = 0; h < kPanel; h += 32)
+          for (int64_t m0 = 0; m0 < M; m0 += 6) {
+            const int mr = static_cast<int>(std::min<int64_t>(6, M - m0));
+            const uint16_t* xr[6];
+            for (int m = 0; m < mr; ++m) xr[m] = xb.row(m0 + m) + k0;
+            run_groups_bf16<2>(mr, src.group, Bp + h, xr, ng, kc / 2,
+                               sbuf.data() + h, cbuf.data() + m0 * kPanel + h);
+          }
       }
     }
     for (int64_t m0 = 0; m0 < M; m0 += kBf16MaxRows) {
