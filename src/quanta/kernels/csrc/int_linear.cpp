@@ -1162,7 +1162,8 @@ void run_groups_bf16_rows(int64_t group, const uint32_t* Bp, const uint16_t* con
   }
 }
 
-// mr <= 3 rows against a whole panel (NV = 4), or mr <= 6 rows against the half panel at Bp, s, C (NV = 2)
+// mr <= 3 rows against a whole panel (NV = 4), or mr <= 6 rows against the half panel at Bp, s, C (NV = 2; the
+// cases from 4 rows on are reached only then)
 template <int NV>
 void run_groups_bf16(int mr, int64_t group, const uint32_t* Bp, const uint16_t* const* xr, int64_t ng,
                      int64_t npairs, const float* s, float* C) {
