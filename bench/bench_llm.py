@@ -13,7 +13,8 @@ Measured in one run, rounds interleaved across all variants (medians over rounds
 * prefill tokens/s at 128 and 512 prompt tokens (only the last position's logits);
 * the read-bandwidth roofline of decode: bytes of the weights read per token
   (every Linear, ``lm_head`` included; one embedding row is negligible) divided
-  by the bandwidth of summing a large float32 tensor, measured in the same run;
+  by the bandwidth of summing a large float32 tensor, measured in the same run (before the rounds and after
+  each: the median, and the range, since a shared machine's memory bandwidth moves by tens of percent);
 * llama.cpp on the same weights (GGUF F16 / Q8_0 / Q4_0 written with the ``gguf``
   package, run through llama-cpp-python) when ``--llama-python`` names an
   interpreter that has both (or this one has): it runs in its own process, which
@@ -421,7 +422,7 @@ def main() -> None:
                      DECODE_CONTEXT + args.decode_tokens)
         for name, m in variants:
             _check_compiled(torch, name, m, steps[name], args.cache, DECODE_CONTEXT + args.decode_tokens)
-    bw = _bandwidth(torch, args.threads)
+    bws = [_bandwidth(torch, args.threads)]  # once before the rounds and after each: it moves on a shared machine
     gen = torch.Generator().manual_seed(1)
     for _, m in variants:  # warm-up: first calls build caches
         _measure(torch, m, (16,), 2, gen, args.cache)
@@ -437,8 +438,8 @@ def main() -> None:
             llama.stdin.flush()
             for kind, res in json.loads(llama.stdout.readline()).items():
                 llama_rows.setdefault(kind, []).append(res)
-        bw = statistics.median([bw, _bandwidth(torch, args.threads)])
-        print(f"# round {r + 1}/{args.rounds} done", flush=True)
+        bws.append(_bandwidth(torch, args.threads))
+        print(f"# round {r + 1}/{args.rounds} done (read bandwidth {bws[-1] / 1e9:.1f} GB/s)", flush=True)
     if llama is not None:
         llama.stdin.close()
         llama.wait(timeout=60)
@@ -447,11 +448,13 @@ def main() -> None:
         return statistics.median(x[key] for x in rs)
 
     bf16_decode = med(rows["bf16"], "decode")
+    bw = statistics.median(bws)
     print(f"\ntorch {torch.__version__}, {args.threads} threads, quanta kernels {int_linear_native.status()} "
           f"({int_linear_native.isa()}), attention {args.attn}, {args.cache} cache, "
           f"{_step_kind(args)}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
-          f"read bandwidth {bw / 1e9:.1f} GB/s; load average "
+          f"read bandwidth {bw / 1e9:.1f} GB/s (median; {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} around the rounds); "
+          f"load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; medians of {args.rounds} interleaved rounds; decode "
           f"after a {DECODE_CONTEXT}-token prompt, {args.decode_tokens} tokens")
     header = ("| weights | weight MB read / token | decode tok/s | roofline tok/s | decode / roofline | "
