@@ -95,12 +95,13 @@ def int4_dequantize_reference(packed: torch.Tensor, scale_and_zero: torch.Tensor
                               rows: slice = slice(None)) -> torch.Tensor:
     """float32 ``W[rows]`` = ``fma(code - 8, scale, zero)`` (one rounding, as the kernels compute it)."""
     start, stop, _ = rows.indices(n)
-    t0, t1 = start // 16, -(-stop // 16)  # the tiles holding the rows
-    codes = unpack_int4_codes(packed[t0:t1], (t1 - t0) * 16, k)[start - 16 * t0:stop - 16 * t0].to(torch.float64) - 8
-    scale, zero = unpack_int4_scale_zero(scale_and_zero, n)
+    t0, t1 = start // 16, -(-stop // 16)  # the tiles holding the rows: only those are unpacked
+    r0, r1 = start - 16 * t0, stop - 16 * t0
+    codes = unpack_int4_codes(packed[t0:t1], (t1 - t0) * 16, k)[r0:r1].to(torch.float64) - 8
+    scale, zero = unpack_int4_scale_zero(scale_and_zero[t0:t1], (t1 - t0) * 16)
     g = torch.arange(k) // group_size
-    s = scale[start:stop].to(torch.float64)[:, g]
-    z = zero[start:stop].to(torch.float64)[:, g]
+    s = scale[r0:r1].to(torch.float64)[:, g]
+    z = zero[r0:r1].to(torch.float64)[:, g]
     # float64 holds code * scale exactly (4-bit times 8-bit significands): one rounding to float32, as fma
     return (codes * s + z).to(torch.float32)
 
