@@ -9,6 +9,8 @@ for float16, ``2**-24`` for float32). The instruction-set paths and shape classe
 are in ``test_int_linear_native.py``.
 """
 
+import sys
+
 import pytest
 import torch
 
@@ -269,6 +271,33 @@ def test_large_packed_weights_are_huge_page_backed_exact_copies(tmp_path):
     assert torch.equal(c, t) and c.is_contiguous() and c.data_ptr() != t.data_ptr()
     small = torch.ones(4, 5)
     assert torch.equal(K._huge_page_backed(small), small)
+
+
+def _vm_flags(addr):
+    """VmFlags of the mapping of this process that holds ``addr`` (from /proc/self/smaps)."""
+    lo = hi = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+            elif head == "VmFlags:" and lo <= addr < hi:
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and MADV_HUGEPAGE: Linux")
+def test_huge_page_advice_covers_a_weight_tail_only_when_the_padding_is_small():
+    from quanta.kernels import int_linear as K
+
+    mib = 1 << 20
+    tail_padded = torch.ones(6 * mib - 64 * 1024, dtype=torch.uint8)  # 64 KiB of padding: 1/96 of it
+    tail_small = torch.ones(2 * mib + 64 * 1024, dtype=torch.uint8)  # padding ~1 page: 94 % of it
+    a, b = K._huge_page_backed(tail_padded), K._huge_page_backed(tail_small)
+    assert torch.equal(a, tail_padded) and torch.equal(b, tail_small)
+    assert a.untyped_storage().nbytes() == a.numel() and b.untyped_storage().nbytes() == b.numel()
+    assert "hg" in _vm_flags(a.data_ptr()) and "hg" in _vm_flags(a.data_ptr() + a.numel() - 1)
+    assert "hg" in _vm_flags(b.data_ptr()) and "hg" not in _vm_flags(b.data_ptr() + b.numel() - 1)
 
 
 def test_int4_fp16_result_just_below_fp16_max_is_exact():
