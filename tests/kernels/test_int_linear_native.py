@@ -179,13 +179,32 @@ def test_int8_bf16_path_within_bound(m, n, k):
 
 
 @_BF16
+@pytest.mark.parametrize("m,group_size", [(9, 32), (20, 256), (70, 128)])
+def test_bf16_gemms_across_k_blocks_within_their_bounds(m, group_size):
+    """K = 2148 takes two of the GEMM's k blocks (2048, then the rest), the chain carried through C between them."""
+    g = _gen(m + group_size)
+    n, k = 67, 2148
+    codes, packed, sz = _int4_weight(n, k, group_size, g)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g) * 0.02 + 1e-3)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    with native.force_isa("avx512_bf16"):
+        y4, y8 = int4_cpu_linear(x, packed, sz, group_size, n), int8_weight_only_linear(x, qw, s)
+    gi = torch.arange(k) // group_size
+    sc, z = (t.double()[:, gi] for t in ref.unpack_int4_scale_zero(sz, n))
+    _assert_within_bound(y4, x, ref.int4_dequantize_reference(packed, sz, group_size, n, k).double(), None,
+                         torch.bfloat16, extra_terms=8, w_mag=(sc * (codes.double() - 8)).abs() + z.abs())
+    _assert_within_bound(y8, x, w.double() * s.double()[:, None], None, torch.bfloat16, extra_terms=4)
+
+
+@_BF16
 def test_bf16_paths_rows_do_not_depend_on_threads_or_the_other_rows(at_thread_counts):
     g = _gen(11)
     n, k = 70, 300
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
     qw, s = prepare_int8_weight_only(w, torch.rand(n, generator=g))
     _, packed, sz = _int4_weight(n, k, 32, g)
-    # 75 rows cross the 64-row blocks, and int4 takes them 6 at a time against half panels (20 rows: 3 at a time
+    # 75 rows cross the 64-row blocks, and int4 takes them 6 at a time against half panels (15 rows: 3 at a time
     # against whole ones): the same sums in the same order
     x = torch.randn(75, k, generator=g).to(torch.bfloat16)
     calls = {"int8": lambda a: int8_weight_only_linear(a, qw, s),

@@ -987,12 +987,17 @@ void run_prefill(int64_t isa, const Src& src, int64_t N, int64_t M, int64_t K, c
 //   int4: P_g = the same chain over the pairs of group g of x_k (c_k - 8) (from 0), S = fma(s_g, P_g, S) over g
 //         (from 0), y = S + Z with Z as in the decode path above.
 // Padding (k >= K) adds x = 0 times a zero or finite weight. vdpbf16ps flushes subnormal inputs and results.
-constexpr int64_t kKcBf16 = 256;
+// k per block: the block's packed panel (kKcBf16 * 128 bytes, 256 KiB) streams from L2 while the 6 activation
+// rows' share of it (24 KiB) stays in L1. Measured against blocks of 256 (the panel in L1, the rows streaming),
+// alternating in one process on issue 17's layer shapes, 2 Zen 4 cores: at 512 rows int8 1.01-1.05 -> 0.96-1.00x
+// bf16 F.linear, int4 g128 1.03-1.12 -> 1.01-1.05x, g32 1.15-1.17 -> 1.13-1.17x; at 8-128 rows mostly faster
+// (4096 x 4096, g128, 16 rows: 0.69-0.73 -> 0.63-0.66x), at most 5 % slower (the 14336 shapes, 16 rows).
+constexpr int64_t kKcBf16 = 2048;
 // int4 GEMM rows from which the micro-kernel takes 6 rows against half a panel instead of 3 against all of it
-// (measured, issue 17's layer shapes, 2 Zen 4 cores: 1-3 % faster from 64 rows on, 1-2 % slower below for groups
-// of 128)
-constexpr int64_t kHalfPanelMinRows = 64;
-static_assert(kKcBf16 >= 256, "a k block holds whole groups of every size the int4 op takes (32 .. 256)");
+// (measured with the blocks above, issue 17's layer shapes, 2 Zen 4 cores: at 16 rows 3-10 % faster, at 8 and 12
+// within the noise either way, so the threshold)
+constexpr int64_t kHalfPanelMinRows = 16;
+static_assert(kKcBf16 % 256 == 0, "a k block holds whole groups of every size the int4 op takes (32 .. 256)");
 
 inline __mmask16 mask16(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1u);
@@ -1238,12 +1243,12 @@ void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& 
     for (int64_t k0 = 0; k0 < Kp; k0 += kKcBf16) {
       const int64_t kc = std::min(kKcBf16, Kp - k0);
       pack_pairs(src, n0, nrows, k0, kc, Bp);
-      // the block's groups' scales (kKcBf16 holds whole groups: group_size <= 256 on this path)
+      // the block's groups' scales (a block holds whole groups: group_size <= 256 on this path)
       const int64_t ng = (kc + src.group - 1) / src.group;
       panel_scales_bf16(src, n0, nrows, k0, ng, sbuf.data());
       // S and P stay in registers through the block's groups: 3 activation rows against the whole panel, or, from
-      // kHalfPanelMinRows rows on, 6 rows against each half of it in turn (half the B bytes a dp: the half
-      // panel stays in L1 through all the rows; the same sums in the same order either way)
+      // kHalfPanelMinRows rows on, 6 rows against each half of it in turn (half the B bytes a dp; the same sums
+      // in the same order either way)
       if (M < kHalfPanelMinRows) {
         for (int64_t m0 = 0; m0 < M; m0 += 3) {
           const int mr = static_cast<int>(std::min<int64_t>(3, M - m0));
