@@ -362,6 +362,34 @@ def test_compiled_model_calls_the_native_kernels_in_one_graph(config):
     assert "quanta_cpu." in code and "torch.ops.quanta." not in code, code
 
 
+_COMPILE_FIRST = """
+import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs
+from quanta.kernels import int_linear_native as native
+from quanta.quantization import Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig, quantize_
+torch.manual_seed(0)
+assert native.status() == "not loaded yet"
+for cfg in (Int4WeightOnlyConfig(group_size=32), Int8DynamicActivationInt8WeightConfig()):
+    model = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.SiLU(), torch.nn.Linear(64, 48)).to(torch.bfloat16)
+    quantize_(model, cfg)
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.inference_mode():
+        compiled(torch.randn(1, 96, dtype=torch.bfloat16))  # traced before any eager call
+    code = "\\n".join(g.code for g in backend.fw_graphs)
+    print(type(cfg).__name__, "quanta_cpu." in code, "torch.ops.quanta." in code)
+"""
+
+
+def test_a_model_compiled_before_any_eager_call_gets_the_native_ops():
+    """Tracing loads the native kernels if nothing has yet: else the graph would keep the Python ops (argument checks
+    at every call) for as long as it is used."""
+    r = subprocess.run([sys.executable, "-c", _COMPILE_FIRST], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["Int4WeightOnlyConfig", "True", "False",
+                                "Int8DynamicActivationInt8WeightConfig", "True", "False"], r.stdout
+
+
 def test_decode_attention_compiles_to_the_native_op():
     from torch._dynamo.testing import AotEagerAndRecordGraphs
 

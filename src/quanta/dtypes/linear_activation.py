@@ -180,8 +180,9 @@ class LinearActivationQuantizedTensor(torch.Tensor):
             return self.linear(x.to(torch.float32), None if bias is None else bias.to(torch.float32)).to(x.dtype)
         scale = impl.scale.reshape(-1).to(torch.float32)
         symmetric = self.act_mapping_type is MappingType.SYMMETRIC
-        native = int_linear_native.status() == "native"
-        if torch.compiler.is_compiling() and not native:  # the Python kernels as opaque ops in traced graphs
+        compiling = torch.compiler.is_compiling()
+        native = int_linear_native.ready(load=compiling)
+        if compiling and not native:  # the Python kernels as opaque ops in traced graphs
             return linear_ops.int8_dynamic_activation_linear(x, impl.int_data.t(), scale, self.weight_col_sums,
                                                              bias, act_symmetric=symmetric)
         if native and self.weight_col_sums is not None and x.device.type == "cpu" and impl.int_data.is_contiguous():

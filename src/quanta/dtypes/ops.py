@@ -212,7 +212,8 @@ def _matmul(x: torch.Tensor, q: AQT, flip: bool, bias: Optional[torch.Tensor]) -
         # Traced (torch.compile, torch.export) without the native kernels: the Python custom ops (opaque in the
         # graph). Otherwise the native op itself, unchecked (it has a shape-only fake implementation): eager and
         # compiled calls alike skip the Python argument checks of the decode hot path.
-        compiling, native = torch.compiler.is_compiling(), int_linear_native.status() == "native"
+        compiling = torch.compiler.is_compiling()
+        native = int_linear_native.ready(load=compiling)
         traced = compiling and not native
         remember = native and not compiling and flip  # eager F.linear: linear_function's next call goes direct
         scale16 = _int8_kernel_scale(q) if _int8_rows(q) else None

@@ -33,7 +33,7 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["ops", "status", "isa", "cpu_isa", "force_isa", "ISA_NAMES"]
+__all__ = ["ops", "status", "ready", "isa", "cpu_isa", "force_isa", "ISA_NAMES"]
 
 _SOURCES = tuple(pathlib.Path(__file__).with_name("csrc") / name for name in ("int_linear.cpp", "decode_attention.cpp"))
 _CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
@@ -171,6 +171,17 @@ def ops():
 def status() -> str:
     """``"native"``, ``"not loaded yet"``, or why the extension is not used."""
     return _state
+
+
+def ready(load: bool = False) -> bool:
+    """Whether the native kernels are loaded; with ``load``, a first attempt to load them is made now if none was.
+
+    Callers tracing a graph (``torch.compile``) pass ``load=True``: a graph traced before any eager call would
+    otherwise hold the Python ops, which check their arguments at every call, for as long as it is used.
+    """
+    if load and _state == "not loaded yet":
+        ops()
+    return _state == "native"
 
 
 def cpu_isa() -> str:
