@@ -37,7 +37,7 @@ __all__ = ["ops", "status", "ready", "isa", "cpu_isa", "force_isa", "ISA_NAMES"]
 
 _SOURCES = tuple(pathlib.Path(__file__).with_name("csrc") / name for name in ("int_linear.cpp", "decode_attention.cpp"))
 _CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fopenmp"]
-_ABI_VERSION = 4
+_ABI_VERSION = 5
 ISA_NAMES = ("portable", "avx2", "avx512", "avx512_bf16")
 
 _lock = threading.Lock()
@@ -131,6 +131,8 @@ def _register_fakes() -> None:
     register_fake("quanta_cpu::int8_weight_only_linear")(lambda x, w, scale, bias: rows_by_n(x, w))
     register_fake("quanta_cpu::int4_weight_only_linear")(
         lambda x, packed, scale_and_zero, group_size, K, N, bias: x.new_empty((x.shape[0], N)))
+    register_fake("quanta_cpu::int4_weight_only_linear_multi")(
+        lambda x, packed, scale_and_zero, group_size, K, N, bias: x.new_empty((x.shape[0], sum(N))))
     register_fake("quanta_cpu::int8_dynamic_linear")(
         lambda qx, zx, sx, w, sw, colsum, bias, out_dtype: qx.new_empty((qx.shape[0], w.shape[0]), dtype=out_dtype))
     register_fake("quanta_cpu::decode_attention")(
