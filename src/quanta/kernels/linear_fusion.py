@@ -7,8 +7,9 @@ Llama) that the start costs as much as the reading. :class:`FuseSharedInputLinea
 the ``quanta_cpu.int4_weight_only_linear`` calls on one input (same ``K`` and group size) become one
 ``quanta_cpu.int4_weight_only_linear_multi`` call, whose threads stream the weights back to back, and slices of
 its output. Every output keeps its bits (the fused op computes each weight's tiles exactly as the single op
-does). Measured on issue 17's model (2 Zen 4 cores, a token's GEMVs alone, alternating runs): 113 calls at
-12.85 ms against 65 at 12.27 ms for groups of 128, 14.82 against 14.21 ms for groups of 32.
+does). Measured on issue 17's model (2 Zen 4 cores, alternating runs in one process): a token's GEMVs alone,
+113 calls at 11.78 ms against 65 at 11.41 ms for groups of 128, 15.21 against 15.09 ms for groups of 32; a
+compiled decode step 13.69 -> 13.29 ms (g128), 15.12 -> 15.05 ms (g32).
 
 Only decode graphs are rewritten: calls whose input has fewer than 8 rows (the kernels' GEMV path; from 8 rows
 the GEMM reads each weight once per block of rows anyway). The weights stay separate tensors.
@@ -66,9 +67,9 @@ def fuse_shared_input_linears(graph: torch.fx.Graph) -> int:
     """Rewrite ``graph`` in place: each set of two or more ``quanta_cpu.int4_weight_only_linear`` calls on the same
     input (the same node, or views of one node to the same shape), ``K`` and group size, whose input has fewer
     than 8 rows, becomes one ``quanta_cpu.int4_weight_only_linear_multi`` call in the place of the first, and a
-    slice of its output for each. An input of a later call computed after the first (a bias converted to float32 right before its
-    call) moves up to the fused call when it is a pure function of earlier nodes; otherwise the set is left
-    as it is. Returns the number of fused calls made."""
+    slice of its output for each. An input of a later call computed after the first (a bias converted to
+    float32 right before its call) moves up to the fused call when it is a pure function of earlier nodes;
+    otherwise the set is left as it is. Returns the number of fused calls made."""
     single = _single_op()
     if single is None:
         return 0

@@ -786,7 +786,8 @@ void run_int4_bf16(const std::vector<Int4Rows>& srcs, int64_t M, const at::Tenso
   std::vector<float> X(static_cast<size_t>(M * first.ngroups));
   group_sums_bf16(first, xb, M, Kp, X.data());  // the same for every weight: they share K and the groups
   std::vector<int64_t> tile0(srcs.size() + 1, 0);  // the first tile of each weight in the sequence
-  for (size_t i = 0; i < srcs.size(); ++i) tile0[i + 1] = tile0[i] + (srcs[i].N + kDecodeTileRows - 1) / kDecodeTileRows;
+  for (size_t i = 0; i < srcs.size(); ++i)
+    tile0[i + 1] = tile0[i] + (srcs[i].N + kDecodeTileRows - 1) / kDecodeTileRows;
   parallel_runs(tile0.back(), [&](int64_t tt) {
     size_t i = 0;
     while (tt >= tile0[i + 1]) ++i;
@@ -1384,8 +1385,8 @@ at::Tensor int4_weight_only_linear(const at::Tensor& x, const at::Tensor& packed
 // int4_weight_only_linear on that weight alone. Decode on bfloat16 activations (AVX512-BF16, M <
 // kPrefillMinRows) runs the weights' tiles as one sequence: the threads stream the weights back to back, where
 // separate calls each start their streams cold (measured on issue 17's model, its q/k/v and gate/up
-// projections so fused, alternating runs of a token's GEMVs: 12.85 -> 12.27 ms for groups of 128, 14.82 ->
-// 14.21 for groups of 32); other cases run the weights one after the other.
+// projections so fused, alternating runs of a token's GEMVs: 11.78 -> 11.41 ms for groups of 128, 15.21 ->
+// 15.09 for groups of 32); other cases run the weights one after the other.
 at::Tensor int4_weight_only_linear_multi(const at::Tensor& x, at::TensorList packed, at::TensorList sz,
                                          int64_t group_size, int64_t K, at::IntArrayRef Ns,
                                          const c10::List<c10::optional<at::Tensor>>& bias) {
@@ -1404,13 +1405,13 @@ at::Tensor int4_weight_only_linear_multi(const at::Tensor& x, at::TensorList pac
   }
   const int64_t M = x.size(0), Nt = off[W], Kp = round_up(K, 64);
   const auto kind = out_kind(x.scalar_type());
+  at::Tensor y = at::empty({M, Nt}, x.options());
   if (!(active_isa() == AVX512_BF16 && kind == OUT_BF16 && M < kPrefillMinRows)) {
-    at::Tensor y = at::empty({M, Nt}, x.options());
     for (size_t i = 0; i < W; ++i)
-      y.narrow(1, off[i], Ns[i]).copy_(int4_weight_only_linear(x, packed[i], sz[i], group_size, K, Ns[i], bias.get(i)));
+      y.narrow(1, off[i], Ns[i]).copy_(int4_weight_only_linear(x, packed[i], sz[i], group_size, K, Ns[i],
+                                                               bias.get(i)));
     return y;
   }
-  at::Tensor y = at::empty({M, Nt}, x.options());
   if (M == 0) return y;
   void* out = y.data_ptr();
   run_int4_bf16(srcs, M, x, Kp, [&](size_t i, int64_t n, int64_t m, float v) {
