@@ -31,7 +31,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+try:  # torch >= 2.6: a pass that Inductor's FX graph cache can key on (its uuid)
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+except ImportError:  # earlier: Inductor takes any callable as the pass (and bypasses its cache)
+    CustomGraphPass, get_hash_for_files = object, None
 
 __all__ = ["FuseSharedInputLinears", "fuse_shared_input_linears"]
 
@@ -126,4 +130,4 @@ class FuseSharedInputLinears(CustomGraphPass):
         fuse_shared_input_linears(graph)
 
     def uuid(self) -> Optional[Any]:
-        return get_hash_for_files((__file__,))
+        return get_hash_for_files((__file__,)) if get_hash_for_files is not None else None
