@@ -1257,23 +1257,16 @@ void run_gemm_bf16(const Int4Rows& src, int64_t N, int64_t M, const at::Tensor& 
       // S and P stay in registers through the block's groups: 3 activation rows against the whole panel, or, from
       // kHalfPanelMinRows rows on, 6 rows against each half of it in turn (half the B bytes a dp; the same sums
       // in the same order either way)
-      if (M < kHalfPanelMinRows) {
-        for (int64_t m0 = 0; m0 < M; m0 += 3) {
-          const int mr = static_cast<int>(std::min<int64_t>(3, M - m0));
-          const uint16_t* xr[3];
+      const bool half = M >= kHalfPanelMinRows;
+      const int64_t rows = half ? 6 : 3, width = half ? kPanel / 2 : kPanel;
+      const auto run = half ? &run_groups_bf16<2> : &run_groups_bf16<4>;
+      for (int64_t h = 0; h < kPanel; h += width)
+        for (int64_t m0 = 0; m0 < M; m0 += rows) {
+          const int mr = static_cast<int>(std::min<int64_t>(rows, M - m0));
+          const uint16_t* xr[6];
           for (int m = 0; m < mr; ++m) xr[m] = xb.row(m0 + m) + k0;
-          run_groups_bf16<4>(mr, src.group, Bp, xr, ng, kc / 2, sbuf.data(), cbuf.data() + m0 * kPanel);
+          run(mr, src.group, Bp + h, xr, ng, kc / 2, sbuf.data() + h, cbuf.data() + m0 * kPanel + h);
         }
-      } else {
-        for (int64_t h = 0; h < kPanel; h += 32)
-          for (int64_t m0 = 0; m0 < M; m0 += 6) {
-            const int mr = static_cast<int>(std::min<int64_t>(6, M - m0));
-            const uint16_t* xr[6];
-            for (int m = 0; m < mr; ++m) xr[m] = xb.row(m0 + m) + k0;
-            run_groups_bf16<2>(mr, src.group, Bp + h, xr, ng, kc / 2,
-                               sbuf.data() + h, cbuf.data() + m0 * kPanel + h);
-          }
-      }
     }
     for (int64_t m0 = 0; m0 < M; m0 += kBf16MaxRows) {
       const int mb = static_cast<int>(std::min<int64_t>(kBf16MaxRows, M - m0));
