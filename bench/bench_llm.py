@@ -15,8 +15,9 @@ Measured in one run, rounds interleaved across all variants (medians over rounds
   (every Linear, ``lm_head`` included; one embedding row is negligible) divided
   by the bandwidth of summing a large float32 tensor, measured in the same run (before the rounds and after
   each: the median, and the range, since a shared machine's memory bandwidth moves by tens of percent);
-* llama.cpp on the same weights (GGUF F16 / Q8_0 / Q4_0 written with the ``gguf``
-  package, run through llama-cpp-python) when ``--llama-python`` names an
+* llama.cpp on the same weights (GGUF F16 / Q8_0 / Q4_0 / Q4_1 written with the ``gguf``
+  package, run through llama-cpp-python; Q4_1, blocks of 32 weights with a float16 scale and minimum, is
+  5 bits a weight like quanta's int4 g32, Q4_0 4.5) when ``--llama-python`` names an
   interpreter that has both (or this one has): it runs in its own process, which
   measures only while this one waits;
 * torchao (Int8WeightOnlyConfig, Int4WeightOnlyConfig(int4_packing_format="opaque"),
@@ -77,15 +78,15 @@ DECODE_CONTEXT = 128
 
 # ============================================================================ llama.cpp worker (no torch)
 def _gguf_write(src: pathlib.Path, dst: pathlib.Path, kind: str) -> None:
-    """GGUF ``kind`` (F16, Q8_0, Q4_0) of the float16 .npy tensors in ``src`` (HF names)."""
+    """GGUF ``kind`` (F16, Q8_0, Q4_0, Q4_1) of the float16 .npy tensors in ``src`` (HF names)."""
     import gguf
     import numpy as np
 
     cfg = CONFIG
     qtype = {"F16": gguf.GGMLQuantizationType.F16, "Q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "Q4_0": gguf.GGMLQuantizationType.Q4_0}[kind]
+             "Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q4_1": gguf.GGMLQuantizationType.Q4_1}[kind]
     ftype = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-             "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[kind]
+             "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}[kind]
     w = gguf.GGUFWriter(str(dst), "llama")
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -374,7 +375,7 @@ def _start_llama(args, base, torch):
     if args.work_dir:
         wdir = pathlib.Path(args.work_dir)
         wdir.mkdir(parents=True, exist_ok=True)
-    else:  # ~4.4 GB of .npy and GGUF files: removed when this process ends, whichever way it ends but a kill
+    else:  # ~4.9 GB of .npy and GGUF files: removed when this process ends, whichever way it ends but a kill
         wdir = pathlib.Path(tempfile.mkdtemp(prefix="quanta_llm_"))
         atexit.register(shutil.rmtree, wdir, ignore_errors=True)
     import numpy as np
@@ -382,9 +383,9 @@ def _start_llama(args, base, torch):
     for name, t in base.state_dict().items():
         if not (wdir / f"{name}.npy").exists():
             np.save(wdir / f"{name}.npy", t.float().numpy().astype(np.float16))
-    proc = subprocess.Popen([py, __file__, "--llama-worker", "--weights-dir", str(wdir), "--kinds", "F16,Q8_0,Q4_0",
-                             "--threads", str(args.threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([py, __file__, "--llama-worker", "--weights-dir", str(wdir),
+                             "--kinds", "F16,Q8_0,Q4_0,Q4_1", "--threads", str(args.threads)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     ready = json.loads(proc.stdout.readline())
     print(f"# llama.cpp ready: {ready}", flush=True)
     return proc
