@@ -290,14 +290,15 @@ constexpr int64_t kTileAhead = 1024;
 // The same for the bfloat16 int4 decode tile (AVX512-BF16), whose lighter work per line lets it run further ahead:
 // its codes 6 KiB on, its (scale, zero) lines a quarter of that (the same groups ahead at groups of 32). On issue
 // 17's model's int4 GEMVs (2 Zen 4 cores; against 1 KiB and no (scale, zero) prefetch, alternating in one process,
-// two runs of 120 and 90 rounds over ~10 minutes): 12-13.5 % less time a token at groups of 32 and 9-10 % less at
-// 128 while the machine's read bandwidth stood at 51-54 GB/s; 1-3 % more (32) and 4-7 % less (128) while other
-// tenants' traffic held it at 35 GB/s. A compiled decode step: 12 % (32) and 7.5-9 % (128) less, at 51-54 GB/s.
+// four runs of 60-150 rounds, each round beside torch's `sum` for the machine's read bandwidth): at 51-54 GB/s,
+// 12-13.5 % less time a token at groups of 32 and 9-10 % less at 128; at 30-36 GB/s (other tenants' traffic),
+// from 3 % more to 7.5 % less (32) and 2-8 % less (128). A compiled decode step: 12 % (32) and 7.5-9 % (128)
+// less, at 51-54 GB/s.
 // With more activation rows a line carries more work, the out-of-order window sees fewer lines ahead and the
 // distance counts more: 2 rows 20-21 % less time, 4 rows 35-41 % less (at 31-34 GB/s; 8-16 KiB no better).
 // Measured and left: 8 KiB (the same gains at 51-54 GB/s, 4 % slower at 35); 2 and 4 KiB (groups of 128: 1-28 %
 // slower); the (scale, zero) lines 512 bytes ahead (groups of 32: 4-7 % slower than 1 KiB alone) or not at all
-// (groups of 32: from 1 % slower to 3 % faster than 1 KiB alone).
+// (groups of 32: from 1 % slower to 4 % faster than 1 KiB alone).
 constexpr int64_t kTileAheadBf16 = 6144, kScaleZeroAheadBf16 = kTileAheadBf16 / 4;
 
 // 32-bit shift that brings the code of k = 8l + i (i = 0..7) of every row to the low bits of its lane
