@@ -281,19 +281,20 @@ struct Int4Rows {
   }
 };
 
-// How far ahead (bytes) an int4 decode tile asks for its codes, into L2. A thread's tiles follow each other in
-// memory (parallel_runs), so this runs on into its next tile. Measured on issue 17's model's GEMVs (113 a token,
-// 2 Zen 4 cores, alternating runs): groups of 32 17.4-19.5 -> 15.6-18.2 ms a token, groups of 128 14.7-15.6 ->
-// 14.6-14.9 ms; 512, 2048 and 4096 bytes were no better, nor a prefetch of the (scale, zero) lines.
+// How far ahead (bytes) the common paths' int4 decode tiles ask for their codes, into L2. A thread's tiles follow
+// each other in memory (parallel_runs), so this runs on into its next tile. Measured when the tile packing came,
+// on the bfloat16 tile (issue 17's model's GEMVs, 113 a token, 2 Zen 4 cores, alternating runs): groups of 32
+// 17.4-19.5 -> 15.6-18.2 ms a token, groups of 128 14.7-15.6 -> 14.6-14.9 ms; 512, 2048 and 4096 bytes were no
+// better, nor a prefetch of the (scale, zero) lines. The common paths keep it (not measured at other distances);
+// the bfloat16 tile's own distances follow.
 constexpr int64_t kTileAhead = 1024;
 
-// The same for the bfloat16 int4 decode tile (AVX512-BF16), whose lighter work per line lets it run further ahead:
-// its codes 6 KiB on, its (scale, zero) lines a quarter of that (the same groups ahead at groups of 32). On issue
-// 17's model's int4 GEMVs (2 Zen 4 cores; against 1 KiB and no (scale, zero) prefetch, alternating in one process,
-// four runs of 60-150 rounds, each round beside torch's `sum` for the machine's read bandwidth): at 51-54 GB/s,
-// 12-13.5 % less time a token at groups of 32 and 9-10 % less at 128; at 30-36 GB/s (other tenants' traffic),
-// from 3 % more to 7.5 % less (32) and 2-8 % less (128). A compiled decode step: 12 % (32) and 7.5-9 % (128)
-// less, at 51-54 GB/s.
+// The bfloat16 int4 decode tile (AVX512-BF16) asks further ahead: its codes 6 KiB on, its (scale, zero) lines a quarter
+// of that (the same groups ahead at groups of 32). On issue 17's model's int4 GEMVs (2 Zen 4 cores; against 1 KiB and
+// no (scale, zero) prefetch, alternating in one process, four runs of 60-150 rounds, each round beside torch's `sum`
+// for the machine's read bandwidth): at 51-54 GB/s, 12-13.5 % less time a token at groups of 32 and 9-10 % less at 128;
+// at 30-36 GB/s (other tenants' traffic), from 3 % more to 7.5 % less (32) and 2-8 % less (128). A compiled decode
+// step: 12 % (32) and 7.5-9 % (128) less, at 51-54 GB/s.
 // With more activation rows a line carries more work, the out-of-order window sees fewer lines ahead and the
 // distance counts more: 2 rows 20-21 % less time, 4 rows 35-41 % less (at 31-34 GB/s; 8-16 KiB no better).
 // Measured and left: 8 KiB (the same gains at 51-54 GB/s, 4 % slower at 35); 2 and 4 KiB (groups of 128: 1-28 %
@@ -749,7 +750,7 @@ QUANTA_AVX512BF16 void tile_int4_bf16(const Int4Rows& src, int64_t t, const uint
   for (int m = 0; m < MB; ++m) Y[m] = Z[m] = _mm512_setzero_ps();
   const uint8_t* base = src.tile(t);
   for (int64_t g = 0; g < src.ngroups; ++g) {
-    _mm_prefetch(reinterpret_cast<const char*>(src.sz16(t, g, 0)) + kScaleZeroAheadBf16, _MM_HINT_T1);
+    prefetch_next_rows(src.sz16(t, g, 0), kScaleZeroAheadBf16);
     __m512 P[MB][4];
     QUANTA_UNROLL
     for (int m = 0; m < MB; ++m)
