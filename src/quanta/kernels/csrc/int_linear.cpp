@@ -281,26 +281,24 @@ struct Int4Rows {
   }
 };
 
-// How far ahead (bytes) the common paths' int4 decode tiles ask for their codes, into L2. A thread's tiles follow
-// each other in memory (parallel_runs), so this runs on into its next tile. Measured when the tile packing came,
-// on the bfloat16 tile (issue 17's model's GEMVs, 113 a token, 2 Zen 4 cores, alternating runs): groups of 32
-// 17.4-19.5 -> 15.6-18.2 ms a token, groups of 128 14.7-15.6 -> 14.6-14.9 ms; 512, 2048 and 4096 bytes were no
-// better, nor a prefetch of the (scale, zero) lines. The common paths keep it (not measured at other distances);
-// the bfloat16 tile's own distances follow.
-constexpr int64_t kTileAhead = 1024;
-
-// The bfloat16 int4 decode tile (AVX512-BF16) asks further ahead: its codes 6 KiB on, its (scale, zero) lines a quarter
-// of that (the same groups ahead at groups of 32). On issue 17's model's int4 GEMVs (2 Zen 4 cores; against 1 KiB and
-// no (scale, zero) prefetch, alternating in one process, four runs of 60-150 rounds, each round beside torch's `sum`
-// for the machine's read bandwidth): at 51-54 GB/s, 12-13.5 % less time a token at groups of 32 and 9-10 % less at 128;
-// at 30-36 GB/s (other tenants' traffic), from 3 % more to 7.5 % less (32) and 2-8 % less (128). A compiled decode
-// step: 12 % (32) and 7.5-9 % (128) less, at 51-54 GB/s.
-// With more activation rows a line carries more work, the out-of-order window sees fewer lines ahead and the
-// distance counts more: 2 rows 20-21 % less time, 4 rows 35-41 % less (at 31-34 GB/s; 8-16 KiB no better).
-// Measured and left: 8 KiB (the same gains at 51-54 GB/s, 4 % slower at 35); 2 and 4 KiB (groups of 128: 1-28 %
-// slower); the (scale, zero) lines 512 bytes ahead (groups of 32: 4-7 % slower than 1 KiB alone) or not at all
-// (groups of 32: from 1 % slower to 4 % faster than 1 KiB alone).
-constexpr int64_t kTileAheadBf16 = 6144, kScaleZeroAheadBf16 = kTileAheadBf16 / 4;
+// How far ahead (bytes) an int4 decode tile asks for its codes, into L2, and for its (scale, zero) lines (a quarter
+// of that: the same groups ahead at groups of 32). A thread's tiles follow each other in memory (parallel_runs), so
+// this runs on into its next tile. Measured on issue 17's model's 113 int4 GEMVs a token (2 Zen 4 cores, the
+// model's own huge-page storage, alternating in one process, each round beside torch's `sum` for the read
+// bandwidth of the moment), against the 1 KiB and no (scale, zero) prefetch of before:
+// * the bfloat16 tile (AVX512-BF16), four runs of 60-150 rounds: at 51-54 GB/s 12-13.5 % less time a token at
+//   groups of 32 and 9-10 % less at 128; at 30-36 GB/s (other tenants' traffic) from 3 % more to 7.5 % less (32)
+//   and 2-8 % less (128); a compiled decode step 12 % (32) and 7.5-9 % (128) less at 51-54 GB/s. More activation
+//   rows put more work on a line, so the out-of-order window sees fewer lines ahead and the distance counts more:
+//   2 rows 20-21 % less, 4 rows 35-41 % less (8-16 KiB no better);
+// * the common AVX-512 tile (bfloat16 activations widened): 5 % (32) and 10 % (128) less at 33-35 GB/s;
+// * the AVX2 tile, which had no prefetch: 11 % (32) and 9 % (128) less at 45-58 GB/s, where 1 KiB was 10 % and
+//   22 % slower than none.
+// Measured and left (bfloat16 tile): 8 KiB (the same gains at 51-54 GB/s, 4 % slower at 35); 2 and 4 KiB (groups of
+// 128: 1-28 % slower); the (scale, zero) lines 512 bytes ahead (groups of 32: 4-7 % slower than 1 KiB alone) or
+// not at all (groups of 32: from 1 % slower to 4 % faster than 1 KiB alone). Earlier sessions found 512 bytes to
+// 32 KiB no better than 1 KiB, measured only at times the memory was slow.
+constexpr int64_t kTileAhead = 6144, kScaleZeroAhead = kTileAhead / 4;
 
 // 32-bit shift that brings the code of k = 8l + i (i = 0..7) of every row to the low bits of its lane
 constexpr int int4_shift(int i) { return (i & 1) * 16 + (i >> 1) * 4; }
@@ -510,7 +508,9 @@ QUANTA_AVX2 void tile_int4_avx2(const Int4Rows& src, int64_t t, int h, const flo
   const uint8_t* base = src.tile(t) + 32 * h;
   for (int64_t g = 0; g < src.ngroups; ++g) {
     const __m256 s = bf16x8_avx2(src.sz16(t, g, 0) + 8 * h), z = bf16x8_avx2(src.sz16(t, g, 1) + 8 * h);
+    if (h == 0) prefetch_next_rows(src.sz16(t, g, 0), kScaleZeroAhead);  // the second half reads from L2
     for (int64_t l = src.line_begin(g); l < src.line_end(g); ++l) {
+      if (h == 0) prefetch_next_rows(base + 64 * l, kTileAhead);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 64 * l));
       QUANTA_UNROLL
       for (int i = 0; i < 8; ++i) {
@@ -541,6 +541,7 @@ QUANTA_AVX512 void tile_int4_avx512(const Int4Rows& src, int64_t t, const float*
   for (int m = 0; m < MB; ++m) a[m][0] = a[m][1] = _mm512_setzero_ps();
   const uint8_t* base = src.tile(t);
   for (int64_t g = 0; g < src.ngroups; ++g) {
+    prefetch_next_rows(src.sz16(t, g, 0), kScaleZeroAhead);
     const __m512 s = bf16x16_avx512(src.sz16(t, g, 0)), z = bf16x16_avx512(src.sz16(t, g, 1));
     for (int64_t l = src.line_begin(g); l < src.line_end(g); ++l) {
       prefetch_next_rows(base + 64 * l, kTileAhead);
@@ -750,13 +751,13 @@ QUANTA_AVX512BF16 void tile_int4_bf16(const Int4Rows& src, int64_t t, const uint
   for (int m = 0; m < MB; ++m) Y[m] = Z[m] = _mm512_setzero_ps();
   const uint8_t* base = src.tile(t);
   for (int64_t g = 0; g < src.ngroups; ++g) {
-    prefetch_next_rows(src.sz16(t, g, 0), kScaleZeroAheadBf16);
+    prefetch_next_rows(src.sz16(t, g, 0), kScaleZeroAhead);
     __m512 P[MB][4];
     QUANTA_UNROLL
     for (int m = 0; m < MB; ++m)
       for (int j = 0; j < 4; ++j) P[m][j] = _mm512_setzero_ps();
     for (int64_t l = src.line_begin(g); l < src.line_end(g); ++l) {
-      prefetch_next_rows(base + 64 * l, kTileAheadBf16);
+      prefetch_next_rows(base + 64 * l, kTileAhead);
       const __m512i v = _mm512_loadu_si512(base + 64 * l);
       QUANTA_UNROLL
       for (int j = 0; j < 4; ++j) {
