@@ -296,8 +296,9 @@ struct Int4Rows {
 //   22 % slower than none.
 // Measured and left (bfloat16 tile): 8 KiB (the same gains at 51-54 GB/s, 4 % slower at 35); 2 and 4 KiB (groups of
 // 128: 1-28 % slower); the (scale, zero) lines 512 bytes ahead (groups of 32: 4-7 % slower than 1 KiB alone) or
-// not at all (groups of 32: from 1 % slower to 4 % faster than 1 KiB alone). Earlier sessions found 512 bytes to
-// 32 KiB no better than 1 KiB, measured only at times the memory was slow.
+// not at all (groups of 32: from 1 % slower to 4 % faster than 1 KiB alone). Earlier sessions, timing without
+// the memory's state beside each round, found 0 to 32 KiB within 3 % of 1 KiB, and 16 KiB 3.5-5 % slower with
+// two threads in slow memory.
 constexpr int64_t kTileAhead = 6144, kScaleZeroAhead = kTileAhead / 4;
 
 // 32-bit shift that brings the code of k = 8l + i (i = 0..7) of every row to the low bits of its lane
